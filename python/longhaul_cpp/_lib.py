@@ -1,0 +1,139 @@
+"""Locate and load the packaged libllama through cffi (ABI mode); route its log to `logging`.
+
+The only global state of the package lives here: the loaded library, its log
+callback, and the recent error lines used to build exception messages.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import threading
+from importlib import resources
+from pathlib import Path
+
+from cffi import FFI
+
+from ._cdefs import CDEFS
+
+logger = logging.getLogger("longhaul_cpp.llama")
+
+ffi = FFI()
+ffi.cdef(CDEFS)
+
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+
+class LlamaError(RuntimeError):
+    """An error reported by libllama; the message carries what the library logged."""
+
+
+def package_dir() -> Path:
+    return Path(str(resources.files("longhaul_cpp")))
+
+
+def lib_dir() -> Path:
+    """Directory holding libllama: LONGHAUL_CPP_LIB_DIR, else the package's lib/ (bin/ on Windows)."""
+    env = os.environ.get("LONGHAUL_CPP_LIB_DIR")
+    if env:
+        return Path(env)
+    return package_dir() / ("bin" if sys.platform == "win32" else "lib")
+
+
+def _lib_name() -> str:
+    if sys.platform == "win32":
+        return "llama.dll"
+    if sys.platform == "darwin":
+        return "libllama.dylib"
+    return "libllama.so"
+
+
+class _Log:
+    """Collects library log lines; keeps the latest warnings and errors for exception messages."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.recent: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=64)
+        self.seq = 0
+        self.partial = ""
+        self.level = 2
+
+    def __call__(self, level: int, text: bytes) -> None:
+        msg = ffi.string(text).decode("utf-8", "replace")
+        with self.lock:
+            if level != 5:  # CONT continues the previous line
+                self.level = level
+            self.partial += msg
+            if not self.partial.endswith("\n"):
+                return
+            lines, self.partial = self.partial.rstrip("\n"), ""
+            lvl = self.level
+            if lvl >= 3:
+                for line in lines.splitlines():
+                    self.seq += 1
+                    self.recent.append((self.seq, lvl, line.strip()))
+        logger.log(_LEVELS.get(lvl, logging.INFO), "%s", lines)
+
+    def mark(self) -> int:
+        with self.lock:
+            return self.seq
+
+    def since(self, mark: int) -> list[str]:
+        """Error lines logged after `mark`, or the warnings when there is no error line."""
+        with self.lock:
+            items = [(lvl, line) for seq, lvl, line in self.recent if seq > mark]
+        return [line for lvl, line in items if lvl >= 4] or [line for _, line in items]
+
+
+_log = _Log()
+_lock = threading.Lock()
+_lib = None
+_log_cb = None
+
+
+def _on_log(level, text, _user_data):  # called from any libllama thread
+    try:
+        _log(int(level), text)
+    except Exception:  # never let a Python error cross back into C
+        pass
+
+
+def lib():
+    """The loaded libllama (loaded and initialized on first use)."""
+    global _lib, _log_cb
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        d = lib_dir()
+        path = d / _lib_name()
+        if sys.platform == "win32" and d.is_dir():
+            os.add_dll_directory(str(d))
+        try:
+            handle = ffi.dlopen(str(path))
+        except OSError as e:
+            raise LlamaError(
+                f"could not load {path}: {e}; reinstall the package (pip install .) "
+                f"or set LONGHAUL_CPP_LIB_DIR to the folder holding {_lib_name()}"
+            ) from e
+        _log_cb = ffi.callback("void(enum ggml_log_level, const char *, void *)", _on_log)
+        handle.llama_log_set(_log_cb, ffi.NULL)
+        # wheel builds load CPU backend variants dynamically (GGML_BACKEND_DL): search the package
+        if any(d.glob("*ggml-cpu-*")):
+            handle.ggml_backend_load_all_from_path(str(d).encode())
+        handle.llama_backend_init()
+        _lib = handle
+        return _lib
+
+
+def log_mark() -> int:
+    return _log.mark()
+
+
+def raise_error(what: str, mark: int) -> None:
+    """Raise LlamaError for `what`, with the library's log lines since `mark`."""
+    lines = _log.since(mark)
+    detail = "; ".join(lines[-4:]) if lines else "no message from the library (see the log)"
+    raise LlamaError(f"{what}: {detail}")

@@ -1,0 +1,59 @@
+"""Shared fixtures. The suite tests the *installed* package (pip install .), not the source tree."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Fail early and clearly if the package under test is the source tree instead of the install.
+import longhaul_cpp  # noqa: E402
+
+if Path(longhaul_cpp.__file__).resolve().is_relative_to(ROOT / "python"):
+    raise RuntimeError("tests must run against the installed package, not python/ in the source tree")
+
+from longhaul_cpp import SyntheticSpec, generate  # noqa: E402
+
+
+def upstream_bin_dir() -> Path | None:
+    """Where the build put upstream's test binaries (LONGHAUL_UPSTREAM_TESTS=ON)."""
+    env = os.environ.get("LONGHAUL_UPSTREAM_BIN")
+    if env:
+        return Path(env)
+    hits = sorted((ROOT / "build").glob("*/bin/test-llama-archs"), key=lambda p: p.stat().st_mtime)
+    return hits[-1].parent if hits else None
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+class ModelFactory:
+    """Generates each synthetic model once per session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.cache: dict[tuple, list[Path]] = {}
+
+    def __call__(self, n_shards: int = 1, **kw) -> list[Path]:
+        spec = SyntheticSpec(**kw)
+        key = (spec, n_shards)
+        if key not in self.cache:
+            name = "-".join(f"{k}{v}" for k, v in sorted(kw.items())) or "default"
+            self.cache[key] = generate(spec, self.root / f"{name}-s{n_shards}.gguf", n_shards=n_shards)
+        return self.cache[key]
+
+
+@pytest.fixture(scope="session")
+def make_model(model_dir: Path) -> ModelFactory:
+    return ModelFactory(model_dir)
+
+
+def run(cmd: list[str], timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, timeout=timeout, **kw)

@@ -1,0 +1,111 @@
+"""The cffi binding: params as keyword arguments, tokenize/detokenize, decode, numpy logits, errors, logging."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from longhaul_cpp import LlamaError, LoadMode, Model, lib
+from longhaul_cpp.synthetic import N_VOCAB
+
+
+@pytest.fixture(scope="module")
+def model_path(make_model):
+    return make_model(arch="qwen3moe", expert_type="q8_0")[0]
+
+
+def test_load_mode_enum_mirrors_library() -> None:
+    L = lib()
+    for mode in LoadMode:
+        name = L.llama_load_mode_name(mode.value)
+        assert L.llama_load_mode_from_str(name) == mode.value
+
+
+@pytest.mark.parametrize("mode", [LoadMode.AUTO, LoadMode.NONE, LoadMode.MMAP])
+def test_model_params_are_keyword_arguments(model_path, mode) -> None:
+    with Model(model_path, load_mode=mode, n_gpu_layers=0, use_extra_bufts=False) as m:
+        assert m.n_vocab == N_VOCAB
+        assert m.n_layer == 4
+        assert m.meta("general.architecture") == "qwen3moe"
+        assert m.meta("no.such.key") is None
+        assert m.size > 0
+
+
+def test_unknown_param_is_a_type_error(model_path) -> None:
+    with pytest.raises(TypeError, match="n_gpu_layerz"):
+        Model(model_path, n_gpu_layerz=0)
+    with Model(model_path) as m, pytest.raises(TypeError, match="n_ubatchh"):
+        m.context(n_ubatchh=4)
+
+
+def test_tokenize_detokenize_round_trip(model_path) -> None:
+    with Model(model_path) as m:
+        ids = m.tokenize("héllo, wörld")
+        assert ids.dtype == np.int32 and ids[0] == 1  # BOS, then one token per UTF-8 byte
+        assert len(ids) == 1 + len("héllo, wörld".encode())
+        assert m.detokenize(ids[1:]) == "héllo, wörld"
+        assert b"".join(m.token_to_piece(t) for t in ids[1:]) == "héllo, wörld".encode()
+
+
+def test_decode_and_numpy_logits(model_path) -> None:
+    with Model(model_path) as m, m.context(n_ctx=256, n_ubatch=16, n_batch=64) as ctx:
+        assert ctx.n_ctx == 256 and ctx.n_ubatch == 16 and ctx.n_batch == 64
+        with pytest.raises(LlamaError, match="decode something first"):
+            ctx.logits()
+        prompt = m.tokenize("a prompt longer than one ubatch of sixteen tokens")
+        ctx.decode(prompt, all_logits=True)
+        last = ctx.logits()
+        assert last.shape == (N_VOCAB,) and last.dtype == np.float32
+        assert not last.flags.owndata  # a view of the library's buffer, no copy
+        np.testing.assert_array_equal(last, ctx.logits(len(prompt) - 1))
+        assert np.isfinite(last).all()
+        # the same prompt decoded token by token gives the same last logits (same kernels)
+        ctx.reset()
+        for t in prompt:
+            ctx.decode([t])
+        np.testing.assert_allclose(ctx.logits(), last, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_is_argmax_of_logits(model_path) -> None:
+    with Model(model_path) as m, m.context(n_ctx=256) as ctx:
+        prompt = m.tokenize("greedy")
+        ids = list(ctx.greedy(prompt, 5))
+        ctx.reset()
+        ctx.decode(prompt)
+        manual = []
+        for _ in range(5):
+            t = int(np.argmax(ctx.logits()))
+            manual.append(t)
+            ctx.decode([t])
+        assert ids == manual
+
+
+def test_library_error_carries_the_library_message(tmp_path) -> None:
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"this is not a gguf file" * 10)
+    with pytest.raises(LlamaError) as e:
+        Model(bad)
+    msg = str(e.value)
+    assert "failed to load model" in msg and str(bad) in msg
+    assert "magic" in msg.lower() or "gguf" in msg.lower()  # the library's own words
+
+
+def test_missing_file_is_file_not_found(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Model(tmp_path / "nope.gguf")
+
+
+def test_closed_model_raises(model_path) -> None:
+    m = Model(model_path)
+    m.close()
+    with pytest.raises(LlamaError, match="closed"):
+        m.tokenize("x")
+    m.close()  # idempotent
+
+
+def test_library_log_goes_to_python_logging(model_path, caplog) -> None:
+    with caplog.at_level(logging.DEBUG, logger="longhaul_cpp.llama"):
+        with Model(model_path) as m:
+            m.context(n_ctx=128).close()
+    assert any(r.name == "longhaul_cpp.llama" and "qwen3moe" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,92 @@
+"""The packaged tools, the console-script shims on PATH, and the longhaul-cpp command line."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from longhaul_cpp import tool_path
+from longhaul_cpp.tools import TOOLS
+
+from conftest import run
+
+
+def _script(name: str) -> str:
+    """The console script as installed by pip (PATH may hold a pyenv shim instead)."""
+    exe = Path(sysconfig.get_path("scripts")) / name
+    if exe.is_file():
+        return str(exe)
+    found = shutil.which(name)
+    assert found, f"{name} is not installed as a console script"
+    return found
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_tool_is_packaged_and_runs(name: str) -> None:
+    exe = tool_path(name)
+    assert exe.is_file() and os.access(exe, os.X_OK)
+    # every tool links against the packaged libraries through its relative RPATH
+    r = run([str(exe), "--help"], env={"PATH": "/usr/bin:/bin"})
+    assert b"error while loading shared libraries" not in r.stderr
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+
+
+def test_unknown_tool_name() -> None:
+    with pytest.raises(ValueError, match="llama-cli"):
+        tool_path("llama-nope")
+
+
+@pytest.mark.parametrize("name", ["llama-cli", "llama-server", "llama-bench", "llama-completion"])
+def test_console_script_execs_the_packaged_tool(name: str) -> None:
+    r = run([_script(name), "--version"])
+    out = (r.stdout + r.stderr).decode(errors="replace")
+    assert r.returncode == 0, out[-2000:]
+    assert "version" in out.lower()
+
+
+def test_completion_from_path_generates(make_model) -> None:
+    path = make_model(arch="laguna", expert_type="q4_0")[0]
+    r = run([_script("llama-completion"), "-m", str(path), "-p", "hi", "-n", "8", "--temp", "0", "-no-cnv",
+             "--no-display-prompt", "-t", "2", "-c", "128"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(r.stdout.strip()) > 0
+
+
+def test_make_model_command(tmp_path: Path) -> None:
+    out = tmp_path / "m.gguf"
+    r = run([sys.executable, "-m", "longhaul_cpp", "make-model", str(out), "--arch", "qwen35moe",
+             "--merged-gate-up", "--expert-type", "q4_0", "--n-expert", "8", "--n-expert-used", "2", "--shards", "2"],
+            text=True)
+    assert r.returncode == 0, r.stderr
+    files = sorted(tmp_path.glob("m-*.gguf"))
+    assert [f.name for f in files] == ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]
+    assert r.stdout.split() == [str(f) for f in files]
+    import gguf
+
+    names = {t.name for f in files for t in gguf.GGUFReader(f).tensors}
+    assert "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_gate_exps.weight" not in names
+
+
+def test_make_model_rejects_bad_options(tmp_path: Path) -> None:
+    r = run([sys.executable, "-m", "longhaul_cpp", "make-model", str(tmp_path / "x.gguf"), "--arch", "laguna",
+             "--merged-gate-up"], text=True)
+    assert r.returncode == 2 and "merged_gate_up is a qwen35moe layout" in r.stderr
+    r = run([sys.executable, "-m", "longhaul_cpp", "make-model", str(tmp_path / "x.gguf"), "--n-embd", "48",
+             "--expert-type", "q4_0"], text=True)
+    assert r.returncode == 2 and "multiples of 32" in r.stderr
+
+
+def test_demo_command(tmp_path: Path) -> None:
+    env = {**os.environ, "LONGHAUL_CACHE_DIR": str(tmp_path)}
+    r = run([sys.executable, "-m", "longhaul_cpp", "demo", "-n", "16"], text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "tokens/s" in r.stdout and "generated: 16 tokens" in r.stdout
+    assert list((tmp_path / "models").glob("*.gguf"))  # cached for the next run
+    r2 = run([sys.executable, "-m", "longhaul_cpp", "demo", "-n", "16"], text=True, env=env)
+    ids = [line for line in r.stdout.splitlines() if line.startswith("token ids")]
+    assert ids == [line for line in r2.stdout.splitlines() if line.startswith("token ids")]

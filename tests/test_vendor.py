@@ -1,0 +1,114 @@
+"""The pin materializes, the series applies as commits on `upstream`, export round-trips."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run
+
+TOOL = [sys.executable, str(ROOT / "vendor" / "longhaul_vendor.py")]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def vendor(*args: str, **kw) -> subprocess.CompletedProcess:
+    return run([*TOOL, *args], text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fork") / "llama.cpp"
+    r = vendor("materialize", "--fork", str(d), "--patches", str(ROOT / "patches"))
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def test_materialize_commits_pin_then_series(fork: Path) -> None:
+    assert (fork / "include" / "llama.h").is_file()
+    assert git(fork, "rev-list", "--count", "upstream") == "1"
+    first = git(fork, "log", "--format=%B", "-1", "upstream")
+    assert "0c1e570" in first and "llama-cpp-python==0.3.36" in first
+    n_patches = len(list((ROOT / "patches").glob("*.patch")))
+    assert int(git(fork, "rev-list", "--count", "upstream..HEAD")) == n_patches
+    assert git(fork, "status", "--porcelain") == ""
+
+
+def test_materialize_twice_is_a_no_op(fork: Path) -> None:
+    head = git(fork, "rev-parse", "HEAD")
+    r = vendor("materialize", "--fork", str(fork), "--patches", str(ROOT / "patches"))
+    assert r.returncode == 0, r.stderr
+    assert "up to date" in r.stderr
+    assert git(fork, "rev-parse", "HEAD") == head
+
+
+def test_export_round_trip(fork: Path, tmp_path: Path) -> None:
+    patches = tmp_path / "patches"
+    shutil.copytree(ROOT / "patches", patches)
+    work = tmp_path / "work" / "llama.cpp"
+    shutil.copytree(fork, work, symlinks=True)
+    (work / "src" / "llama-longhaul-roundtrip.txt").write_text("a change made in the fork\n")
+    git(work, "add", "-A")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "test: a change in the fork")
+
+    r = vendor("export", "--fork", str(work), "--patches", str(patches))
+    assert r.returncode == 0, r.stderr
+    files = sorted(patches.glob("*.patch"))
+    assert len(files) == len(list((ROOT / "patches").glob("*.patch"))) + 1
+    new = files[-1]
+    assert new.name.endswith("-test-a-change-in-the-fork.patch")
+    text = new.read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")  # --zero-commit
+    assert "Subject: [PATCH] test: a change in the fork" in text  # -N: no n/m numbering
+    assert not text.rstrip().endswith(("--", "2.39.5"))  # --no-signature: no version trailer
+    before = {p.name: p.read_bytes() for p in files}
+
+    # exporting an unchanged fork again changes nothing
+    r = vendor("export", "--fork", str(work), "--patches", str(patches))
+    assert r.returncode == 0 and "0 file(s) changed" in r.stderr
+    assert {p.name: p.read_bytes() for p in patches.glob("*.patch")} == before
+
+    # the exported series materializes to the same tree
+    again = tmp_path / "again" / "llama.cpp"
+    r = vendor("materialize", "--fork", str(again), "--patches", str(patches))
+    assert r.returncode == 0, r.stderr
+    assert git(again, "rev-parse", "HEAD^{tree}") == git(work, "rev-parse", "HEAD^{tree}")
+
+
+def test_fork_work_is_never_discarded_silently(fork: Path, tmp_path: Path) -> None:
+    work = tmp_path / "llama.cpp"
+    shutil.copytree(fork, work, symlinks=True)
+    (work / "README.md").write_text("edited\n")
+    r = vendor("materialize", "--fork", str(work), "--patches", str(ROOT / "patches"))
+    assert r.returncode == 1
+    assert "not in patches/" in r.stderr and "export" in r.stderr
+    assert (work / "README.md").read_text() == "edited\n"
+
+
+def test_patch_that_does_not_apply_is_named(fork: Path, tmp_path: Path) -> None:
+    patches = tmp_path / "patches"
+    shutil.copytree(ROOT / "patches", patches)
+    (patches / "0999-broken.patch").write_text(
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: t <t@t>\nDate: Thu, 1 Oct 2026 00:00:00 +0000\nSubject: [PATCH] broken\n\n---\n"
+        "diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n"
+        "@@ -1,1 +1,1 @@\n-this line is not in upstream's README\n+nor is this\n"
+    )
+    r = vendor("materialize", "--fork", str(tmp_path / "llama.cpp"), "--patches", str(patches))
+    assert r.returncode == 1
+    assert "0999-broken.patch does not apply" in r.stderr
+    assert not (tmp_path / "llama.cpp").exists()  # nothing half-made is left behind
+
+
+def test_checksum_is_verified(tmp_path: Path) -> None:
+    fake = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    fake.write_bytes(b"not the pinned sdist")
+    env = {"LONGHAUL_UPSTREAM_SOURCE": str(fake), "PATH": "/usr/bin:/bin"}
+    r = vendor("materialize", "--fork", str(tmp_path / "llama.cpp"), env=env)
+    assert r.returncode == 1
+    assert "sha256" in r.stderr and "832db069" in r.stderr
