@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 bash ci/setup.sh
+# ccache: paths below the checkout are hashed relative to it, so a fresh clone in
+# another folder (as CI makes) hits the cache of an earlier build
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 start=$(date +%s)
 log=$(mktemp)
 echo "ci/test.sh: building and installing the package (log: $log)"
