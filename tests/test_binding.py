@@ -41,11 +41,12 @@ def test_unknown_param_is_a_type_error(model_path) -> None:
 
 def test_tokenize_detokenize_round_trip(model_path) -> None:
     with Model(model_path) as m:
-        ids = m.tokenize("héllo, wörld")
+        text = "héllo,wörld!"  # SPM turns a space into U+2581 (3 byte tokens): no spaces here
+        ids = m.tokenize(text)
         assert ids.dtype == np.int32 and ids[0] == 1  # BOS, then one token per UTF-8 byte
-        assert len(ids) == 1 + len("héllo, wörld".encode())
-        assert m.detokenize(ids[1:]) == "héllo, wörld"
-        assert b"".join(m.token_to_piece(t) for t in ids[1:]) == "héllo, wörld".encode()
+        assert len(ids) == 1 + len(text.encode())
+        assert m.detokenize(ids[1:]) == text
+        assert b"".join(m.token_to_piece(t) for t in ids[1:]) == text.encode()
 
 
 def test_decode_and_numpy_logits(model_path) -> None:
@@ -53,18 +54,21 @@ def test_decode_and_numpy_logits(model_path) -> None:
         assert ctx.n_ctx == 256 and ctx.n_ubatch == 16 and ctx.n_batch == 64
         with pytest.raises(LlamaError, match="decode something first"):
             ctx.logits()
-        prompt = m.tokenize("a prompt longer than one ubatch of sixteen tokens")
+        prompt = m.tokenize("longer than one ubatch, shorter than a batch")  # 16 < n <= 64
+        assert 16 < len(prompt) <= 64
         ctx.decode(prompt, all_logits=True)
-        last = ctx.logits()
-        assert last.shape == (N_VOCAB,) and last.dtype == np.float32
-        assert not last.flags.owndata  # a view of the library's buffer, no copy
-        np.testing.assert_array_equal(last, ctx.logits(len(prompt) - 1))
+        view = ctx.logits()
+        assert view.shape == (N_VOCAB,) and view.dtype == np.float32
+        assert not view.flags.owndata  # a view of the library's buffer, no copy
+        np.testing.assert_array_equal(view, ctx.logits(len(prompt) - 1))
+        last = view.copy()  # the view is only valid until the next decode
         assert np.isfinite(last).all()
-        # the same prompt decoded token by token gives the same last logits (same kernels)
+        # the same prompt decoded token by token: batched and single-token kernels differ slightly
         ctx.reset()
         for t in prompt:
             ctx.decode([t])
-        np.testing.assert_allclose(ctx.logits(), last, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ctx.logits(), last, atol=5e-2)
+        assert int(np.argmax(ctx.logits())) == int(np.argmax(last))
 
 
 def test_greedy_is_argmax_of_logits(model_path) -> None:

@@ -77,7 +77,7 @@ def test_make_model_rejects_bad_options(tmp_path: Path) -> None:
              "--merged-gate-up"], text=True)
     assert r.returncode == 2 and "merged_gate_up is a qwen35moe layout" in r.stderr
     r = run([sys.executable, "-m", "longhaul_cpp", "make-model", str(tmp_path / "x.gguf"), "--n-embd", "48",
-             "--expert-type", "q4_0"], text=True)
+             "--n-head", "6", "--n-head-kv", "2", "--expert-type", "q4_0"], text=True)
     assert r.returncode == 2 and "multiples of 32" in r.stderr
 
 
@@ -85,7 +85,9 @@ def test_demo_command(tmp_path: Path) -> None:
     env = {**os.environ, "LONGHAUL_CACHE_DIR": str(tmp_path)}
     r = run([sys.executable, "-m", "longhaul_cpp", "demo", "-n", "16"], text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert "tokens/s" in r.stdout and "generated: 16 tokens" in r.stdout
+    assert "normal load:" in r.stdout and "longhaul load:" in r.stdout and "tokens/s" in r.stdout
+    assert "hit rate" in r.stdout
+    assert "generated 16 tokens; identical to the normal load: yes" in r.stdout
     assert list((tmp_path / "models").glob("*.gguf"))  # cached for the next run
     r2 = run([sys.executable, "-m", "longhaul_cpp", "demo", "-n", "16"], text=True, env=env)
     ids = [line for line in r.stdout.splitlines() if line.startswith("token ids")]

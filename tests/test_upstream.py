@@ -14,7 +14,9 @@ pytestmark = pytest.mark.skipif(BIN is None, reason="upstream tests not built (L
 
 
 def _run(name: str, *args: str, timeout: float = 900) -> str:
-    r = run([str(BIN / name), *args], timeout=timeout, text=True)
+    # no network here: test-arg-parser skips its download tests (patch 0001)
+    env = {**os.environ, "LLAMA_ARG_TEST_OFFLINE": "1"}
+    r = run([str(BIN / name), *args], timeout=timeout, text=True, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     return out
@@ -26,11 +28,22 @@ def test_llama_archs(arch: str) -> None:
 
 
 def test_arg_parser() -> None:
-    _run("test-arg-parser")
+    assert "all tests OK" in _run("test-arg-parser")
 
 
-@pytest.mark.parametrize("op", ["MUL_MAT_ID", "ADD_ID", "GET_ROWS", "ARGSORT", "TOP_K", "SOFT_MAX"])
-def test_backend_ops_cpu(op: str) -> None:
-    out = _run("test-backend-ops", "-b", "CPU", "-o", op)
+def test_longhaul_planner() -> None:
+    """The C++ unit tests of the longhaul planner (tests/test-longhaul.cpp in the series)."""
+    assert "all checks passed" in _run("test-longhaul")
+
+
+# the ops of the routed MoE path, restricted to the weight types the tests use (the full
+# MUL_MAT_ID sweep takes longer than the whole suite on 2 cores)
+@pytest.mark.parametrize("op,params", [
+    ("MUL_MAT_ID", "type_a=(f32|f16|q8_0|q4_0),type_b=f32"),
+    ("ADD_ID", ""), ("GET_ROWS", ""), ("ARGSORT", ""), ("TOP_K", ""), ("SOFT_MAX", ""),
+])
+def test_backend_ops_cpu(op: str, params: str) -> None:
+    args = ["-b", "CPU", "-o", op] + (["-p", params] if params else [])
+    out = _run("test-backend-ops", *args)
     assert "Backend CPU" in out or "CPU" in out
     assert "FAIL" not in out.replace("0 failed", "")

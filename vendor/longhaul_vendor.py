@@ -238,6 +238,7 @@ def materialize(fork: Path, force: bool = False) -> None:
         apply_series(fork)
         return
     source = locate_source(pin)
+    fork.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".llama.cpp-", dir=fork.parent))
     try:
         stage = tmp / "tree"

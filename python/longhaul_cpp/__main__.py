@@ -99,35 +99,62 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def _generate_timed(model, prompt: str, n_predict: int) -> tuple[list[int], float, float, int]:
+    """Greedy generation; returns (ids, prompt seconds, generation seconds, prompt tokens)."""
     import numpy as np
 
-    from .model import Model
-
-    if args.model:
-        path = Path(args.model)
-    else:
-        spec = _spec_from(args)
-        path = cached_model(spec)[0]
-        print(f"model: {path} (synthetic {spec.arch}, {spec.n_layer} layers, {spec.n_expert} experts, "
-              f"top-{spec.n_expert_used}, {spec.expert_type} experts)")
-    with Model(path, n_gpu_layers=0) as model, model.context(n_ctx=max(256, args.n_predict + 128)) as ctx:
-        prompt = model.tokenize(args.prompt)
+    with model.context(n_ctx=max(256, n_predict + 128)) as ctx:
+        toks = model.tokenize(prompt)
         t0 = time.perf_counter()
-        ctx.decode(prompt)
+        ctx.decode(toks)
         t1 = time.perf_counter()
         ids: list[int] = []
-        for _ in range(args.n_predict):
+        for _ in range(n_predict):
             tok = int(np.argmax(ctx.logits()))
             if model.is_eog(tok):
                 break
             ids.append(tok)
             ctx.decode([tok])
         t2 = time.perf_counter()
-    print(f"prompt: {len(prompt)} tokens in {t1 - t0:.3f} s ({len(prompt) / (t1 - t0):.1f} tokens/s)")
-    print(f"generated: {len(ids)} tokens in {t2 - t1:.3f} s ({len(ids) / max(t2 - t1, 1e-9):.1f} tokens/s)")
+    return ids, t1 - t0, t2 - t1, len(toks)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .longhaul import parse_cache_size
+    from .model import LoadMode, Model
+
+    if args.model:
+        path = Path(args.model)
+        spec = None
+    else:
+        spec = _spec_from(args)
+        path = cached_model(spec)[0]
+        print(f"model: {path}\n  synthetic {spec.arch}, {spec.n_layer} layers, {spec.n_expert} experts (top-"
+              f"{spec.n_expert_used}), {spec.expert_type} experts, "
+              f"{spec.expert_bytes() * spec.n_expert * len(spec.moe_layers()) / 2**20:.1f} MiB of routed experts")
+    if args.longhaul_cache is not None:
+        budget = parse_cache_size(args.longhaul_cache)
+    elif spec is not None:
+        budget = spec.expert_bytes() * len(spec.moe_layers()) * max(spec.n_expert_used, spec.n_expert // 4)
+    else:
+        raise ValueError("--longhaul-cache is required with --model")
+
+    with Model(path, load_mode=LoadMode.NONE, n_gpu_layers=0) as model:
+        ref, tp, tg, n_prompt = _generate_timed(model, args.prompt, args.n_predict)
+    print(f"normal load:   prompt {n_prompt / tp:8.1f} tokens/s, generation {len(ref) / max(tg, 1e-9):8.1f} tokens/s")
+
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B", n_gpu_layers=0) as model:
+        ids, tp, tg, n_prompt = _generate_timed(model, args.prompt, args.n_predict)
+        stats = model.longhaul_stats()
+    st = stats.total
+    print(f"longhaul load: prompt {n_prompt / tp:8.1f} tokens/s, generation {len(ids) / max(tg, 1e-9):8.1f} tokens/s")
+    print(f"  expert cache {st.cache_bytes / 2**20:.1f} MiB ({stats.layers[0].n_slots} slots per layer), "
+          f"hit rate {st.hit_rate:.0%}, {st.bytes_read / 2**20:.1f} MiB of experts read, "
+          f"{st.t_wait_s:.3f} s waiting on the cache")
+    same = ids == ref
+    print(f"generated {len(ids)} tokens; identical to the normal load: {'yes' if same else 'NO'}")
     print(f"token ids: {ids}")
-    return 0
+    return 0 if same else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,8 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="generate a synthetic MoE model (cached) and run greedy generation on it")
     _spec_args(p)
     p.add_argument("--model", help="use this GGUF instead of the synthetic model")
+    p.add_argument("--longhaul-cache", help="expert cache budget: GiB, or a size such as 512MiB "
+                   "(default: a quarter of the synthetic model's routed experts)")
     p.add_argument("--prompt", default="The longhaul expert cache streams routed experts from disk.")
     p.add_argument("-n", "--n-predict", type=int, default=64)
+    p.set_defaults(n_layer=8, n_embd=256, n_expert=32, n_expert_used=4, n_ff_exp=256, n_ff_shexp=256,
+                   n_ff=512, expert_type="q4_0", weight_type="q8_0")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("make-model", help="write a synthetic MoE GGUF model (random weights, byte-level vocab)")

@@ -25,6 +25,7 @@ enum ggml_type { GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_
 
 void   ggml_backend_load_all_from_path(const char * dir_path);
 size_t ggml_backend_dev_count(void);
+ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
 
 // ---- llama.h ----
 struct llama_vocab;
@@ -74,6 +75,7 @@ enum llama_load_mode {
     LLAMA_LOAD_MODE_MLOCK      =  2,
     LLAMA_LOAD_MODE_MMAP_MLOCK =  3,
     LLAMA_LOAD_MODE_DIRECT_IO  =  4,
+    LLAMA_LOAD_MODE_LONGHAUL   =  5,
 };
 const char * llama_load_mode_name(enum llama_load_mode load_mode);
 enum llama_load_mode llama_load_mode_from_str(const char * str);
@@ -134,6 +136,7 @@ struct llama_model_params {
     llama_progress_callback progress_callback;
     void * progress_callback_user_data;
     const struct llama_model_kv_override * kv_overrides;
+    uint64_t longhaul_cache_bytes;
     bool vocab_only;
     bool check_tensors;
     bool use_extra_bufts;
@@ -206,6 +209,25 @@ void llama_backend_free(void);
 struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
 struct llama_model * llama_model_load_from_splits(const char ** paths, size_t n_paths, struct llama_model_params params);
 void llama_model_free(struct llama_model * model);
+
+struct llama_longhaul_stats {
+    int32_t  il;
+    int32_t  n_slots;
+    uint64_t expert_bytes;
+    uint64_t cache_bytes;
+    uint64_t n_hits;
+    uint64_t n_misses;
+    uint64_t n_evictions;
+    uint64_t bytes_read;
+    uint64_t n_reads;
+    uint64_t n_batches;
+    uint64_t n_stages;
+    double   t_read_s;
+    double   t_wait_s;
+};
+int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
+bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats);
+void llama_model_longhaul_stats_reset(struct llama_model * model);
 struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
 void llama_free(struct llama_context * ctx);
 
@@ -259,4 +281,5 @@ PROBED_STRUCTS = [
     "struct llama_sampler_seq_config",
     "struct llama_context_params",
     "struct llama_perf_context_data",
+    "struct llama_longhaul_stats",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._lib import LlamaError, ffi, lib, log_mark, raise_error
+from .longhaul import LayerStats, LonghaulStats, parse_cache_size
 
 
 class LoadMode(enum.IntEnum):
@@ -21,6 +22,7 @@ class LoadMode(enum.IntEnum):
     MLOCK = 2
     MMAP_MLOCK = 3
     DIRECT_IO = 4
+    LONGHAUL = 5
 
 
 def _set_fields(struct: Any, kind: str, values: dict[str, Any]) -> None:
@@ -37,19 +39,29 @@ class Model:
     """A GGUF model loaded by libllama.
 
     Keyword arguments are fields of `llama_model_params` (n_gpu_layers, load_mode,
-    use_extra_bufts, ...). Split models load from the first shard's path.
+    use_extra_bufts, ...). `longhaul_cache` is the expert cache budget of
+    LoadMode.LONGHAUL: GiB as a number, or a string with a unit ("2GiB", "512MiB").
+    Split models load from the first shard's path.
     Use as a context manager, or call close(), to free it deterministically.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, load_mode: LoadMode = LoadMode.AUTO,
-                 n_gpu_layers: int = 0, **params: Any) -> None:
+                 longhaul_cache: float | int | str | None = None, n_gpu_layers: int = 0, **params: Any) -> None:
         self._ptr = ffi.NULL
         self.path = Path(path)
+        load_mode = LoadMode(load_mode)
+        if load_mode == LoadMode.LONGHAUL:
+            if longhaul_cache is None:
+                raise ValueError("longhaul_cache is required with LoadMode.LONGHAUL: the expert cache budget, "
+                                 "e.g. longhaul_cache=2 (GiB) or longhaul_cache='512MiB'")
+            params.setdefault("longhaul_cache_bytes", parse_cache_size(longhaul_cache))
+        elif longhaul_cache is not None:
+            raise ValueError("longhaul_cache is only used with load_mode=LoadMode.LONGHAUL")
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
         L = lib()
         p = L.llama_model_default_params()
-        _set_fields(p, "struct llama_model_params", {"load_mode": LoadMode(load_mode), "n_gpu_layers": n_gpu_layers, **params})
+        _set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})
         mark = log_mark()
         ptr = L.llama_model_load_from_file(os.fsencode(self.path), p)
         if ptr == ffi.NULL:
@@ -113,6 +125,29 @@ class Model:
         buf = ffi.new("char[]", 256)
         lib().llama_model_desc(self.ptr, buf, 256)
         return ffi.string(buf).decode()
+
+    # -- longhaul --
+    @property
+    def is_longhaul(self) -> bool:
+        return lib().llama_model_longhaul_n_layers(self.ptr) > 0
+
+    def longhaul_stats(self) -> LonghaulStats:
+        """Counters of the longhaul expert cache (totals and per routed MoE layer)."""
+        L = lib()
+        n = L.llama_model_longhaul_n_layers(self.ptr)
+        if n == 0:
+            raise LlamaError("the model is not loaded in longhaul mode (load_mode=LoadMode.LONGHAUL)")
+        s = ffi.new("struct llama_longhaul_stats *")
+        L.llama_model_longhaul_stats(self.ptr, -1, s)
+        total = LayerStats.from_c(s)
+        layers = []
+        for i in range(n):
+            L.llama_model_longhaul_stats(self.ptr, i, s)
+            layers.append(LayerStats.from_c(s))
+        return LonghaulStats(total=total, layers=layers)
+
+    def longhaul_stats_reset(self) -> None:
+        lib().llama_model_longhaul_stats_reset(self.ptr)
 
     # -- vocab --
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:

@@ -1,0 +1,75 @@
+"""Longhaul helpers: cache budget parsing and the cache statistics dataclasses."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+_UNITS = {"": 2**30, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
+          "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+
+
+def parse_cache_size(value: float | int | str) -> int:
+    """Cache budget in bytes from GiB (a number) or a string with a unit ("2GiB", "512MiB", "1.5")."""
+    if isinstance(value, bool):
+        raise ValueError(f"longhaul_cache must be a size, got {value!r}")
+    if isinstance(value, (int, float)):
+        gib = float(value)
+        if not gib > 0:
+            raise ValueError(f"longhaul_cache must be a positive size in GiB, got {value!r}")
+        return int(gib * 2**30)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"longhaul_cache '{value}' is not a size: use GiB as a number, or e.g. '2GiB', '512MiB'")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"longhaul_cache must be positive, got '{value}'")
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerStats:
+    """Counters of one routed MoE layer's expert cache (or the totals, il = -1)."""
+
+    il: int
+    n_slots: int
+    expert_bytes: int
+    cache_bytes: int
+    n_hits: int
+    n_misses: int
+    n_evictions: int
+    bytes_read: int
+    n_reads: int
+    n_batches: int
+    n_stages: int
+    t_read_s: float
+    t_wait_s: float
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.n_hits + self.n_misses
+        return self.n_hits / n if n else 0.0
+
+    @classmethod
+    def from_c(cls, s: Any) -> LayerStats:
+        return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class LonghaulStats:
+    """Totals and per-layer counters of the longhaul expert cache."""
+
+    total: LayerStats
+    layers: list[LayerStats]
+
+    @property
+    def hit_rate(self) -> float:
+        return self.total.hit_rate
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total": dataclasses.asdict(self.total) | {"hit_rate": self.total.hit_rate},
+                "layers": self.records()}
+
+    def records(self) -> list[dict[str, Any]]:
+        """One dict per layer (pandas.DataFrame(stats.records()) works)."""
+        return [dataclasses.asdict(l) | {"hit_rate": l.hit_rate} for l in self.layers]

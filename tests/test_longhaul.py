@@ -1,0 +1,306 @@
+"""The longhaul load mode in libllama (CPU): identical output to a normal load, counters, errors.
+
+Exactness: with `use_extra_bufts=False` both loads use the plain CPU kernels for every weight, so
+token ids and logits must be bit-identical. With the default optimized (repacked) buffer types the
+normal load repacks the routed experts while longhaul keeps them in the plain layout; the kernels
+differ, so there the tokens must match and the logits agree to float tolerance.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, lib, parse_cache_size
+from longhaul_cpp._lib import ffi
+
+PROMPT = ("Longhaul keeps dense weights resident and streams routed experts from the file; "
+          "the expert cache has a fixed budget.")
+N_GEN = 32
+
+ARCH_TYPES = [
+    ("qwen3moe", "f16", {}), ("qwen3moe", "q4_0", {}),
+    ("qwen35moe", "q8_0", {}), ("qwen35moe", "q4_0", {"merged_gate_up": True}),
+    ("laguna", "f32", {}), ("laguna", "q8_0", {}),
+]
+
+
+def spec_of(arch: str, et: str, extra: dict) -> SyntheticSpec:
+    return SyntheticSpec(arch=arch, expert_type=et, weight_type="f16", n_expert=16, n_expert_used=4, **extra)
+
+
+def budget_for(spec: SyntheticSpec, slots: int) -> str:
+    return f"{slots * spec.expert_bytes() * len(spec.moe_layers())}B"
+
+
+def run(path, n_ubatch: int, **model_kw) -> tuple[list[int], np.ndarray, dict]:
+    """Greedy ids over PROMPT + N_GEN tokens and the last-position logits."""
+    with Model(path, **model_kw) as m, m.context(n_ctx=512, n_batch=512, n_ubatch=n_ubatch, n_threads=2) as ctx:
+        eff = ctx.n_ubatch
+        prompt = m.tokenize(PROMPT)
+        assert len(prompt) >= 64
+        ids = list(ctx.greedy(prompt, N_GEN))
+        info = {"n_ubatch": eff}
+        if m.is_longhaul:
+            info["stats"] = m.longhaul_stats()
+        return ids, ctx.logits().copy(), info
+
+
+@pytest.mark.parametrize("arch,et,extra", ARCH_TYPES, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("slots", ["all", "2k", "k", "staged", "1"])
+def test_longhaul_equals_normal_load(make_model, arch, et, extra, shards, slots) -> None:
+    """Budgets: every expert cached, 2k and k slots, fewer than k (2 stages), 1 slot (k stages)."""
+    spec = spec_of(arch, et, extra)
+    paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
+    k = spec.n_expert_used
+    n_slots = {"all": spec.n_expert, "2k": 2 * k, "k": k, "staged": k - 1, "1": 1}[slots]
+    ids, logits, info = run(paths[0], 512, load_mode=LoadMode.LONGHAUL,
+                            longhaul_cache=budget_for(spec, n_slots), use_extra_bufts=False)
+    # the ubatch is clamped so every expert it selects fits at once
+    assert info["n_ubatch"] == max(1, n_slots // spec.n_expert_used)
+    st = info["stats"]
+    assert all(layer.n_slots == n_slots for layer in st.layers)
+    assert st.total.n_misses > 0
+    stages = -(-k // n_slots)  # staged MoE when one token's experts do not fit
+    assert all(layer.n_stages == stages * layer.n_batches for layer in st.layers)
+    ref_ids, ref_logits, _ = run(paths[0], info["n_ubatch"], load_mode=LoadMode.NONE, use_extra_bufts=False)
+    assert ids == ref_ids
+    np.testing.assert_array_equal(logits, ref_logits)  # same plain kernels: bit-exact
+
+
+@pytest.mark.parametrize("arch,et,extra", [("qwen3moe", "q4_0", {}), ("qwen35moe", "q8_0", {})])
+def test_longhaul_with_repacked_resident_weights(make_model, arch, et, extra) -> None:
+    """Default load: resident weights may use the optimized CPU buffer types; the experts never do."""
+    spec = spec_of(arch, et, extra)
+    path = make_model(**dataclasses.asdict(spec))[0]
+    ids, logits, info = run(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 8))
+    ref_ids, ref_logits, _ = run(path, info["n_ubatch"], load_mode=LoadMode.NONE)
+    assert ids == ref_ids
+    np.testing.assert_allclose(logits, ref_logits, rtol=1e-3, atol=1e-3)
+
+
+def test_counters(make_model) -> None:
+    spec = spec_of("qwen35moe", "q4_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, spec.n_expert)) as m:
+        st = m.longhaul_stats()
+        # nothing is read at load, nor at context creation (no warmup)
+        assert st.total.bytes_read == 0 and st.total.n_misses == 0 and st.total.n_reads == 0
+        assert len(st.layers) == len(spec.moe_layers())
+        assert all(layer.expert_bytes == spec.expert_bytes() for layer in st.layers)
+        with m.context(n_ctx=512, n_threads=2) as ctx:
+            assert m.longhaul_stats().total.bytes_read == 0
+            prompt = m.tokenize(PROMPT)
+            ctx.decode(prompt)
+            first = m.longhaul_stats()
+            for layer in first.layers:
+                assert layer.bytes_read == layer.n_misses * layer.expert_bytes
+                assert layer.n_reads == layer.n_misses * 3  # one read per bank: gate, up, down
+                assert 0 < layer.n_misses <= spec.n_expert
+                assert layer.n_batches > 0 and layer.n_stages == layer.n_batches
+            assert first.total.bytes_read == sum(layer.bytes_read for layer in first.layers)
+            # the same prompt again: the cache holds the working set, nothing is read
+            ctx.reset()
+            ctx.decode(prompt)
+            second = m.longhaul_stats()
+            assert second.total.bytes_read == first.total.bytes_read
+            assert second.total.n_hits > first.total.n_hits
+            m.longhaul_stats_reset()
+            assert m.longhaul_stats().total.n_hits == 0
+            assert m.longhaul_stats().total.n_slots == first.total.n_slots
+
+
+def test_lru_evicts_with_a_small_cache(make_model) -> None:
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, spec.n_expert_used)) as m:
+        with m.context(n_ctx=512, n_threads=2) as ctx:
+            list(ctx.greedy(m.tokenize(PROMPT), 8))
+        st = m.longhaul_stats().total
+        assert st.n_evictions > 0
+        assert st.n_misses > st.n_slots  # experts were read again after eviction
+
+
+def test_budget_is_required(make_model) -> None:
+    path = make_model(arch="qwen3moe")[0]
+    with pytest.raises(ValueError, match="longhaul_cache is required"):
+        Model(path, load_mode=LoadMode.LONGHAUL)
+    # the library's own check (a caller that bypasses the Python wrapper)
+    with pytest.raises(LlamaError, match="the cache budget is required"):
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1, longhaul_cache_bytes=0)
+
+
+def test_budget_too_small_names_the_minimum(make_model) -> None:
+    spec = spec_of("laguna", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    minimum = spec.expert_bytes() * len(spec.moe_layers())
+    with pytest.raises(LlamaError, match="less than one expert slot.*minimum budget") as e:
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{minimum - 1}B")
+    assert f"{minimum / 2**20:.2f} MiB" in str(e.value)
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{minimum}B") as m:
+        assert all(layer.n_slots == 1 for layer in m.longhaul_stats().layers)
+
+
+@pytest.mark.parametrize("param,message", [
+    ("vocab_only", "vocabulary-only"), ("check_tensors", "tensor validation"), ("load_mtp", "MTP"),
+])
+def test_refused_model_params(make_model, param, message) -> None:
+    path = make_model(arch="qwen3moe")[0]
+    with pytest.raises(LlamaError, match=message):
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1, **{param: True})
+
+
+def test_refused_expert_tensor_override(make_model) -> None:
+    path = make_model(arch="qwen3moe")[0]
+    pattern = ffi.new("char[]", b"ffn_.*_exps")
+    overrides = ffi.new("struct llama_model_tensor_buft_override[2]")
+    overrides[0].pattern = pattern
+    overrides[0].buft = lib().ggml_backend_cpu_buffer_type()
+    with pytest.raises(LlamaError, match="override 'ffn_.\\*_exps' matches the routed expert tensor"):
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1, tensor_buft_overrides=overrides)
+    # an override of other tensors is fine
+    other = ffi.new("char[]", b"attn_q")
+    overrides[0].pattern = other
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1, tensor_buft_overrides=overrides) as m:
+        assert m.is_longhaul
+
+
+def test_refused_embeddings_context(make_model) -> None:
+    path = make_model(arch="qwen3moe")[0]
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1) as m:
+        with pytest.raises(LlamaError, match="embeddings are not supported"):
+            m.context(embeddings=True)
+
+
+def test_unsupported_arch(tmp_path) -> None:
+    """A supported-looking MoE GGUF of another arch: refused before any tensor is read."""
+    import gguf
+
+    from longhaul_cpp import synthetic
+
+    spec = SyntheticSpec(arch="qwen3moe")
+    w = gguf.GGUFWriter(tmp_path / "olmoe.gguf", "olmoe")
+    fake = dataclasses.replace(spec)
+    object.__setattr__(fake, "arch", "olmoe")
+    synthetic._add_metadata(w, fake)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(LlamaError, match="architecture 'olmoe' is not supported.*qwen35moe"):
+        Model(tmp_path / "olmoe.gguf", load_mode=LoadMode.LONGHAUL, longhaul_cache=1)
+
+
+def test_truncated_shard_fails_the_decode_not_the_process(make_model, tmp_path) -> None:
+    spec = spec_of("qwen3moe", "q8_0", {})
+    paths = make_model(n_shards=3, **dataclasses.asdict(spec))
+    for p in paths:
+        shutil.copy(p, tmp_path / p.name)
+    first = tmp_path / paths[0].name
+    budget = budget_for(spec, spec.n_expert)
+    ref, _, info = run(paths[0], 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    with Model(first, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget) as m:
+        with m.context(n_ctx=512, n_threads=2, n_ubatch=info["n_ubatch"]) as ctx:
+            # cut the shards after load: expert reads from them come up short
+            for p in paths[1:]:
+                with open(tmp_path / p.name, "r+b") as f:
+                    f.truncate(1024)
+            with pytest.raises(LlamaError, match="short read from .*gguf at offset"):
+                ctx.decode(m.tokenize(PROMPT))
+            # restore the files in place (same inodes): the slots that failed must be read again,
+            # never used as hits, so the output equals a clean run
+            for p in paths[1:]:
+                shutil.copy(p, tmp_path / p.name)
+            ctx.reset()
+            assert list(ctx.greedy(m.tokenize(PROMPT), N_GEN)) == ref
+
+
+def test_missing_shard_fails_the_load(make_model, tmp_path) -> None:
+    spec = spec_of("laguna", "q8_0", {})
+    paths = make_model(n_shards=3, **dataclasses.asdict(spec))
+    for p in paths[:2]:
+        shutil.copy(p, tmp_path / p.name)
+    with pytest.raises(LlamaError, match="failed to load model"):
+        Model(tmp_path / paths[0].name, load_mode=LoadMode.LONGHAUL, longhaul_cache=1)
+
+
+def test_two_contexts_share_the_cache_safely(make_model) -> None:
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    ref_a, _, info = run(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 8))
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 8)) as m:
+        a = m.context(n_ctx=512, n_threads=2, n_ubatch=info["n_ubatch"])
+        b = m.context(n_ctx=512, n_threads=2, n_ubatch=info["n_ubatch"])
+        ga = a.greedy(m.tokenize(PROMPT), N_GEN)
+        gb = b.greedy(m.tokenize("another prompt, other experts " * 4), N_GEN)
+        ids_a = []
+        for ta, _ in zip(ga, gb):  # interleave the two decodes token by token
+            ids_a.append(ta)
+        assert ids_a == ref_a
+
+
+def test_cache_size_parsing() -> None:
+    assert parse_cache_size(2) == 2 * 2**30
+    assert parse_cache_size(0.5) == 2**29
+    assert parse_cache_size("512MiB") == 512 * 2**20
+    assert parse_cache_size("2GiB") == 2 * 2**30
+    assert parse_cache_size("1.5") == int(1.5 * 2**30)
+    assert parse_cache_size("1000B") == 1000
+    for bad in ("", "abc", "-1", "0", "2 parsecs", 0, -3, True):
+        with pytest.raises(ValueError):
+            parse_cache_size(bad)
+
+
+def test_load_mode_name_round_trip() -> None:
+    L = lib()
+    assert ffi.string(L.llama_load_mode_name(LoadMode.LONGHAUL.value)) == b"longhaul"
+    assert L.llama_load_mode_from_str(b"longhaul") == LoadMode.LONGHAUL.value
+
+
+RSS_SCRIPT = r"""
+import sys
+from longhaul_cpp import LoadMode, Model
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+path, budget = sys.argv[1], sys.argv[2]
+import longhaul_cpp; longhaul_cpp.lib()  # load the library before the baseline
+base = status("VmRSS")
+with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget) as m:
+    with m.context(n_ctx=512, n_threads=2) as ctx:
+        for rep in range(3):
+            ctx.reset()
+            list(ctx.greedy(m.tokenize("a long generation, " * 8), 200))
+        print(status("VmRSS") - base, status("VmHWM") - base, m.longhaul_stats().total.bytes_read)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc")
+def test_rss_stays_within_resident_weights_plus_budget(make_model, tmp_path) -> None:
+    """Measured from /proc in a fresh process; the experts (104 MiB) are far larger than the bound."""
+    import subprocess
+    import sys
+
+    spec = SyntheticSpec(arch="qwen3moe", n_embd=256, n_expert=128, n_expert_used=4, n_ff_exp=256,
+                         expert_type="q8_0", weight_type="q8_0")
+    path = make_model(**dataclasses.asdict(spec))[0]
+    expert_total = spec.expert_bytes() * spec.n_expert * len(spec.moe_layers())
+    resident = path.stat().st_size - expert_total
+    budget = spec.expert_bytes() * len(spec.moe_layers()) * 8
+    r = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(path), f"{budget}B"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rss, hwm, bytes_read = (int(x) for x in r.stdout.split())
+    assert bytes_read > expert_total  # the whole expert set went through the cache, more than once
+    margin = 24 * 2**20  # KV cache (512 cells, 4 layers), compute buffers, allocator slack
+    assert rss <= resident + budget + margin, (rss, resident, budget)
+    assert hwm <= resident + budget + margin, (hwm, resident, budget)
+    assert expert_total > 2 * (resident + budget + margin)  # the bound is meaningfully below a full load
