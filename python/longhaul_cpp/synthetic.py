@@ -257,6 +257,9 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
         w.add_float32(f"{a}.expert_weights_scale", 1.0)
         w.add_bool(f"{a}.expert_weights_norm", True)
 
+    # llama_ftype of the bulk of the weights (the routed experts), for the model description
+    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}[spec.expert_type])
+
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)

@@ -1,0 +1,261 @@
+"""The spec's command lines on the rebuilt tools, with synthetic models in place of the example paths."""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from longhaul_cpp import SyntheticSpec, tool_path
+
+from conftest import ROOT, run
+
+PROMPT = "Longhaul streams routed experts from the file into a fixed-budget cache."
+
+
+@pytest.fixture(scope="module")
+def model(make_model) -> Path:
+    return make_model(arch="qwen35moe", expert_type="q8_0", weight_type="f32")[0]
+
+
+@pytest.fixture(scope="module")
+def split_model(make_model) -> Path:
+    return make_model(n_shards=3, arch="laguna", expert_type="q4_0", weight_type="f32")[0]
+
+
+def tool(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run([str(tool_path(name)), *args], timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def completion(path: Path, *extra: str) -> subprocess.CompletedProcess:
+    return tool("llama-completion", "-m", str(path), "-p", PROMPT, "-n", "24", "--temp", "0", "-no-cnv",
+                "--no-display-prompt", "-t", "2", "-c", "512", *extra)
+
+
+@pytest.mark.parametrize("budget", ["2", "0.00012"])  # every expert cached; 2 slots for qwen35moe (2 stages)
+def test_completion_longhaul_equals_normal(model, split_model, budget) -> None:
+    for path in (model, split_model):
+        ref = completion(path, "--n-gpu-layers", "0")
+        lh = completion(path, "--longhaul", "--longhaul-cache", budget, "--n-gpu-layers", "0")
+        assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]
+        assert lh.stdout == ref.stdout and len(lh.stdout.strip()) > 0
+        err = lh.stderr.decode(errors="replace")
+        assert "longhaul: skipping the startup warmup" in err
+        assert re.search(r"longhaul: hit rate [0-9.]+ %.*GiB of experts read at .*GiB/s.*waiting on I/O.*MoE stages", err)
+
+
+def test_cli_spec_command(model) -> None:
+    """llama-cli --model M --longhaul --longhaul-cache 2 --n-gpu-layers 0 (one turn, greedy)."""
+    args = ["--model", str(model), "--n-gpu-layers", "0", "-p", "hello", "-n", "16", "-st", "--temp", "0", "-t", "2"]
+    ref = tool("llama-cli", *args)
+    lh = tool("llama-cli", "--model", str(model), "--longhaul", "--longhaul-cache", "2", *args[2:])
+    assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]
+    answer = lambda out: out.split(b"> hello", 1)[1].split(b"[ Prompt:", 1)[0]  # noqa: E731
+    assert answer(lh.stdout) == answer(ref.stdout) and answer(ref.stdout).strip()
+    # the summary next to the usual perf line
+    assert re.search(rb"\| longhaul: hit rate [0-9.]+ %, [0-9.]+ GiB of experts read, [0-9.]+ s waiting on I/O \]", lh.stdout)
+    assert b"longhaul:" not in ref.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--longhaul"], "--longhaul-cache is required with --longhaul"),
+    (["--longhaul", "--longhaul-cache", "abc"], "expected a size in GiB greater than 0"),
+    (["--longhaul", "--longhaul-cache", "0"], "expected a size in GiB greater than 0"),
+    (["--longhaul", "--longhaul-cache", "-2"], "expected a size in GiB greater than 0"),
+    (["--longhaul-cache", "2"], "--longhaul-cache is only used with --longhaul"),
+    (["--longhaul", "--longhaul-cache", "2", "--cpu-moe"], "--cpu-moe or --n-cpu-moe"),
+    (["--longhaul", "--longhaul-cache", "2", "-ot", "exps=CPU"], "tensor override 'exps'"),
+    (["--longhaul", "--longhaul-cache", "2", "--check-tensors"], "drop --check-tensors"),
+    (["--longhaul", "--longhaul-cache", "2", "--lora", "x.gguf"], "LoRA adapters"),
+    (["--longhaul", "--longhaul-cache", "0.00001"], "minimum budget"),
+])
+def test_completion_errors(model, args, message) -> None:
+    r = completion(model, *args)
+    assert r.returncode > 0  # an error exit, not a signal (no crash)
+    assert message in r.stderr.decode(errors="replace") + r.stdout.decode(errors="replace")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--embedding"], "--longhaul does not support embeddings: drop --embedding"),
+    (["-md", "draft.gguf"], "--longhaul does not support speculative decoding with a draft model: drop -md"),
+])
+def test_server_refusals(model, args, message) -> None:
+    r = tool("llama-server", "-m", str(model), "--longhaul", "--longhaul-cache", "2", *args, "--port", "0")
+    assert r.returncode > 0 and message in r.stderr.decode(errors="replace")
+
+
+def test_help_and_readme_document_the_options() -> None:
+    helptext = tool("llama-completion", "--help").stdout.decode()
+    readme = (ROOT / "README.md").read_text()
+    for opt in ("--longhaul", "--longhaul-cache GIB"):
+        assert opt in helptext
+    for opt in ("--longhaul", "--longhaul-cache", "--load-mode longhaul"):
+        assert opt in readme
+    bench_help = tool("llama-bench", "--help").stdout.decode()
+    assert "longhaul" in bench_help and "--longhaul-cache" in bench_help
+
+
+# ---- llama-bench ------------------------------------------------------------------------------
+
+def bench(path: Path, *args: str) -> subprocess.CompletedProcess:
+    return tool("llama-bench", "--model", str(path), "--load-mode", "longhaul", "--n-gpu-layers", "0", "-t", "2", *args)
+
+
+def test_bench_spec_command(model) -> None:
+    r = bench(model, "--longhaul-cache", "2", "--n-prompt", "2048", "--n-gen", "0", "-r", "1")
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
+    out = r.stdout.decode()
+    assert "longhaul" in out and "pp2048" in out
+
+
+def test_bench_rows_per_budget_md_and_json(model) -> None:
+    r = bench(model, "--longhaul-cache", "0.0003,2", "--n-prompt", "64", "--n-gen", "8", "-r", "1")
+    assert r.returncode == 0
+    rows = [line for line in r.stdout.decode().splitlines() if re.search(r"\|\s*longhaul\s*\|", line)]
+    assert len(rows) == 4  # pp64 and tg8 for each budget
+    r = bench(model, "--longhaul-cache", "0.0003,2", "--n-prompt", "64", "--n-gen", "8", "-r", "1", "-o", "json")
+    assert r.returncode == 0
+    data = json.loads(r.stdout)
+    assert sorted({(d["longhaul_cache"], d["load_mode"]) for d in data}) == [(0.0003, "longhaul"), (2.0, "longhaul")]
+    assert all(0.0 <= d["longhaul_hit_rate"] <= 1.0 and "longhaul_gib_read" in d for d in data)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "sql"])
+def test_bench_other_formats_carry_longhaul_fields(model, fmt) -> None:
+    r = bench(model, "--longhaul-cache", "2", "--n-prompt", "32", "--n-gen", "0", "-r", "1", "-o", fmt)
+    assert r.returncode == 0
+    out = r.stdout.decode()
+    assert "longhaul_cache" in out and "longhaul_hit_rate" in out
+
+
+def test_bench_cold_and_warm(model) -> None:
+    """--no-warmup --repetitions 1 measures a cold cache; with warmup the cache is filled first."""
+    args = ["--longhaul-cache", "2", "--n-prompt", "0", "--n-gen", "32", "-r", "1", "-o", "json"]
+    cold = json.loads(bench(model, *args, "--no-warmup").stdout)[0]
+    warm = json.loads(bench(model, *args).stdout)[0]
+    assert cold["longhaul_gib_read"] > 0 and cold["longhaul_hit_rate"] < warm["longhaul_hit_rate"]
+
+
+def test_bench_requires_the_budget(model) -> None:
+    r = tool("llama-bench", "--model", str(model), "--load-mode", "longhaul", "--n-prompt", "8", "--n-gen", "0")
+    assert r.returncode > 0 and "--longhaul-cache is required with --load-mode longhaul" in r.stderr.decode()
+
+
+# ---- llama-server -----------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(path: Path, *extra: str):
+    port = _free_port()
+    proc = subprocess.Popen([str(tool_path("llama-server")), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
+                             "-c", "4096", "-np", "4", "-t", "2", "--n-gpu-layers", "0", *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {proc.stderr.read().decode(errors='replace')[-3000:]}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("llama-server did not become healthy in 120 s")
+            time.sleep(0.2)
+        yield base
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _complete(base: str, prompt: str) -> str:
+    body = json.dumps({"prompt": prompt, "n_predict": 16, "temperature": 0, "top_k": 1}).encode()
+    req = urllib.request.Request(base + "/completion", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())["content"]
+
+
+PROMPTS = [f"client {i}: " + PROMPT for i in range(4)]
+
+
+def _concurrent(base: str) -> list[str]:
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        return list(ex.map(lambda p: _complete(base, p), PROMPTS))
+
+
+def test_server_concurrent_clients_match_normal_load(model) -> None:
+    with server(model) as base:
+        ref = _concurrent(base)
+    with server(model, "--longhaul", "--longhaul-cache", "2", "--metrics") as base:
+        got = _concurrent(base)
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+            first = _prometheus(resp.read().decode())
+        again = _concurrent(base)  # the shared cache holds every expert now
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+            second = _prometheus(resp.read().decode())
+        with urllib.request.urlopen(base + "/props", timeout=10) as resp:
+            props = json.loads(resp.read())
+        body = json.dumps({"prompt": PROMPT, "n_predict": 4, "temperature": 0}).encode()
+        req = urllib.request.Request(base + "/completion", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            timings = json.loads(resp.read())["timings"]
+    assert got == ref and again == ref
+    assert 0.0 < timings["longhaul_hit_rate"] <= 1.0 and timings["longhaul_gib_read"] > 0
+    assert all(text for text in ref)
+    # one model cache shared by all slots: the second round reads nothing new
+    assert first["longhaul_misses_total"] > 0
+    assert second["longhaul_bytes_read_total"] == first["longhaul_bytes_read_total"]
+    assert second["longhaul_hits_total"] > first["longhaul_hits_total"]
+    lh = props["longhaul"]
+    assert lh["load_mode"] == "longhaul" and lh["cache_budget_gib"] == 2
+    assert len(lh["slots_per_layer"]) == 4 and all(s["slots"] == 16 for s in lh["slots_per_layer"])
+    assert lh["n_ubatch"] == 4  # 16 slots / 4 experts per token
+    assert lh["cache_bytes"] == second["longhaul_cache_bytes"]
+
+
+def _prometheus(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("llamacpp:longhaul_"):
+            name, value = line.split()
+            out[name.split(":", 1)[1]] = float(value)
+    return out
+
+
+def test_server_props_without_longhaul(model) -> None:
+    with server(model) as base:
+        with urllib.request.urlopen(base + "/props", timeout=10) as resp:
+            assert json.loads(resp.read())["longhaul"] is None
+
+
+def test_openai_client_talks_to_longhaul_server(model) -> None:
+    import openai
+
+    with server(model, "--longhaul", "--longhaul-cache", "2") as base:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+        msg = [{"role": "user", "content": "hello"}]
+        full = client.chat.completions.create(model="m", messages=msg, max_tokens=12, temperature=0)
+        text = full.choices[0].message.content
+        stream = client.chat.completions.create(model="m", messages=msg, max_tokens=12, temperature=0, stream=True)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text and streamed == text
