@@ -1,6 +1,7 @@
-"""longhaul-cpp command line: `demo` and `make-model`.
+"""longhaul-cpp command line: `demo`, `info` and `make-model`.
 
     longhaul-cpp demo                   # make the default synthetic MoE model and generate on it
+    longhaul-cpp info model.gguf --longhaul-cache 2
     longhaul-cpp make-model out.gguf --arch laguna --expert-type q4_0 --shards 3
 """
 from __future__ import annotations
@@ -157,6 +158,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def cmd_info(args: argparse.Namespace) -> int:
+    from .longhaul import parse_cache_size
+    from .modelinfo import SUPPORTED_ARCHS, inspect_model
+
+    info = inspect_model(args.model)
+    mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
+    print(f"model:          {info.path} ({len(info.shards)} file(s), {info.file_bytes / 2**30:.3f} GiB)")
+    print(f"architecture:   {info.arch}, {info.n_layer} layers, {len(info.expert_bytes)} routed MoE layers")
+    print(f"experts:        {info.n_expert} routed per layer, {info.n_expert_used} used per token, "
+          f"types {', '.join(info.expert_types) or '-'}")
+    if info.expert_bytes:
+        sizes = sorted(set(info.expert_bytes.values()))
+        print(f"expert bytes:   {', '.join(mib(b) for b in sizes)} per expert (gate + up + down); "
+              f"{info.routed_bytes / 2**30:.3f} GiB of routed experts")
+        print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {info.min_budget / 2**30 + 0.00005:.4f})")
+    if not info.supported:
+        why = "no routed expert tensors" if not info.expert_bytes else f"architecture '{info.arch}'"
+        print(f"longhaul:       not supported ({why}); supported: {', '.join(SUPPORTED_ARCHS)}")
+        return 1
+    print("longhaul:       supported")
+    if args.longhaul_cache is not None:
+        budget = parse_cache_size(args.longhaul_cache)
+        slots = info.slots(budget)
+        if min(slots.values()) < 1:
+            print(f"budget {mib(budget)}: too small, a layer gets no slot (minimum {mib(info.min_budget)})")
+            return 1
+        per = sorted(set(slots.values()))
+        print(f"budget {mib(budget)}: {', '.join(map(str, per))} slots per layer "
+              f"({sum(s * info.expert_bytes[il] for il, s in slots.items()) / 2**20:.2f} MiB cached), "
+              f"effective n_ubatch {info.effective_ubatch(budget, args.n_ubatch)} (of {args.n_ubatch}), "
+              f"{info.stages(budget)} stage(s) per MoE layer")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="longhaul-cpp", description="longhaul-cpp: stream MoE experts from the GGUF file")
     ap.add_argument("-v", "--verbose", action="store_true", help="show the library's log")
@@ -172,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(n_layer=8, n_embd=256, n_expert=32, n_expert_used=4, n_ff_exp=256, n_ff_shexp=256,
                    n_ff=512, expert_type="q4_0", weight_type="q8_0")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("info", help="what longhaul would do with a GGUF model (reads the header only)")
+    p.add_argument("model", help="GGUF file (the first shard of a split model)")
+    p.add_argument("--longhaul-cache", help="a budget to plan for: GiB, or a size such as 512MiB")
+    p.add_argument("-ub", "--n-ubatch", type=int, default=512, help="requested ubatch (default 512)")
+    p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("make-model", help="write a synthetic MoE GGUF model (random weights, byte-level vocab)")
     p.add_argument("output", help="output path (.gguf); with --shards N the files are NAME-0000i-of-0000N.gguf")

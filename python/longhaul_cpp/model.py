@@ -308,6 +308,44 @@ class Context:
             yield tok
             self.decode([tok])
 
+    def generate(self, prompt: str, max_tokens: int = 64, temperature: float = 0.0, seed: int | None = 0,
+                 *, stream: bool = False) -> str | Iterator[str]:
+        """Generate text after `prompt` in this context (appending to what it holds).
+
+        temperature 0 is greedy; otherwise tokens are sampled from softmax(logits / temperature)
+        with a numpy generator seeded by `seed` (reproducible). Stops at an end-of-generation
+        token. Returns the text, or with stream=True an iterator of text pieces as they decode
+        (UTF-8 sequences split across byte tokens come out whole).
+        """
+        if max_tokens < 0 or temperature < 0:
+            raise ValueError("max_tokens and temperature must not be negative")
+        pieces = self._generate(prompt, max_tokens, temperature, seed)
+        return pieces if stream else "".join(pieces)
+
+    def _generate(self, prompt: str, max_tokens: int, temperature: float, seed: int | None) -> Iterator[str]:
+        import codecs
+
+        rng = np.random.default_rng(seed)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.decode(self.model.tokenize(prompt, add_special=self.n_past == 0))
+        for _ in range(max_tokens):
+            logits = self.logits()
+            if temperature == 0:
+                tok = int(np.argmax(logits))
+            else:
+                z = logits.astype(np.float64) / temperature
+                p = np.exp(z - z.max())
+                tok = int(rng.choice(len(p), p=p / p.sum()))
+            if self.model.is_eog(tok):
+                break
+            self.decode([tok])
+            text = decoder.decode(self.model.token_to_piece(tok))
+            if text:
+                yield text
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail
+
     def perf(self) -> dict[str, float]:
         d = lib().llama_perf_context(self.ptr)
         return {f: getattr(d, f) for f, _ in ffi.typeof("struct llama_perf_context_data").fields}

@@ -1,0 +1,109 @@
+"""The Python package's higher-level API: generate(), `info`, and resource use over many models."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from longhaul_cpp import LoadMode, Model, SyntheticSpec
+from longhaul_cpp.modelinfo import inspect_model
+
+from conftest import run
+
+
+@pytest.fixture(scope="module")
+def model(make_model):
+    return make_model(arch="qwen35moe", expert_type="q8_0")[0]
+
+
+def test_generate_greedy_equals_token_greedy(model) -> None:
+    with Model(model) as m:
+        with m.context(n_ctx=256) as ctx:
+            text = ctx.generate("hello", max_tokens=16)
+        with m.context(n_ctx=256) as ctx:
+            ids = list(ctx.greedy(m.tokenize("hello"), 16))
+        assert isinstance(text, str) and text == m.detokenize(ids)
+
+
+def test_generate_streams_the_same_text(model) -> None:
+    with Model(model) as m:
+        with m.context(n_ctx=256) as ctx:
+            full = ctx.generate("stream me", max_tokens=20)
+        with m.context(n_ctx=256) as ctx:
+            pieces = list(ctx.generate("stream me", max_tokens=20, stream=True))
+        assert len(pieces) > 1 and "".join(pieces) == full
+
+
+def test_generate_sampling_is_seeded(model) -> None:
+    with Model(model) as m:
+        outs = []
+        for seed in (1, 1, 2):
+            with m.context(n_ctx=256) as ctx:
+                outs.append(ctx.generate("sample", max_tokens=24, temperature=1.0, seed=seed))
+        assert outs[0] == outs[1] and outs[0] != outs[2]
+        with m.context(n_ctx=256) as ctx, pytest.raises(ValueError):
+            ctx.generate("x", temperature=-1)
+
+
+def test_info_matches_the_library(make_model) -> None:
+    spec = SyntheticSpec(arch="laguna", expert_type="q4_0", n_expert=16, n_expert_used=4)
+    paths = make_model(n_shards=3, **dataclasses.asdict(spec))
+    info = inspect_model(paths[0])
+    assert info.arch == "laguna" and info.supported and len(info.shards) == 3
+    assert set(info.expert_bytes) == set(spec.moe_layers())
+    assert all(b == spec.expert_bytes() for b in info.expert_bytes.values())
+    assert info.min_budget == spec.expert_bytes() * len(spec.moe_layers())
+    budget = info.min_budget * 3 + 5  # 3 slots per layer: fewer than top-4, staged
+    with Model(paths[0], load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as m:
+        stats = m.longhaul_stats()
+        with m.context(n_ctx=256, n_ubatch=512) as ctx:
+            n_ubatch = ctx.n_ubatch
+    assert {l.il: l.n_slots for l in stats.layers} == info.slots(budget)
+    assert info.effective_ubatch(budget) == n_ubatch == 1
+    assert info.stages(budget) == 2
+    r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache", f"{budget}B"], text=True)
+    assert r.returncode == 0, r.stderr
+    assert "longhaul:       supported" in r.stdout and "3 slots per layer" in r.stdout
+    assert "effective n_ubatch 1" in r.stdout and "2 stage(s)" in r.stdout
+    r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache", "1000B"], text=True)
+    assert r.returncode == 1 and "too small" in r.stdout
+
+
+def test_info_names_a_missing_shard(tmp_path, make_model) -> None:
+    path = make_model(n_shards=3, arch="qwen3moe")[0]
+    broken = tmp_path / path.name
+    broken.write_bytes(path.read_bytes())
+    r = run([sys.executable, "-m", "longhaul_cpp", "info", str(broken)], text=True)
+    assert r.returncode == 2 and "missing shard" in r.stderr
+
+
+LEAK_SCRIPT = r"""
+import sys
+from longhaul_cpp import LoadMode, Model
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+path = sys.argv[1]
+def cycle():
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1) as m:
+        with m.context(n_ctx=128, n_threads=1) as ctx:
+            ctx.decode(m.tokenize("leak check"))
+for _ in range(20):
+    cycle()
+before = rss()
+for _ in range(180):
+    cycle()
+print(rss() - before)
+"""
+
+
+def test_no_leak_over_200_open_close_cycles(model) -> None:
+    r = subprocess.run([sys.executable, "-c", LEAK_SCRIPT, str(model)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    growth = int(r.stdout.split()[-1])
+    assert growth < 8 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 180 model open/close cycles"
