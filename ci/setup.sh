@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Machine set-up the build benefits from. Only ccache (optional): everything else the
-# build needs comes from PyPI through pip (scikit-build-core, cmake, ninja, cffi, numpy, gguf).
+# Machine set-up: ccache (optional, speeds up rebuilds) and mingw-w64 (the Windows compile
+# check). Everything the build needs comes from PyPI through pip (scikit-build-core, cmake,
+# ninja, cffi, numpy, gguf).
 set -uo pipefail
 if ! command -v ccache >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -9,6 +10,14 @@ if ! command -v ccache >/dev/null 2>&1; then
             || echo "ci/setup.sh: could not install ccache; building without it"
     else
         echo "ci/setup.sh: ccache not found; building without it"
+    fi
+fi
+# the Windows code paths are compile-checked with mingw-w64 (tests/test_portability.py)
+if ! command -v x86_64-w64-mingw32-g++-posix >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ci/setup.sh: installing g++-mingw-w64-x86-64-posix (Debian package)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-mingw-w64-x86-64-posix) >/dev/null 2>&1 \
+            || echo "ci/setup.sh: could not install mingw-w64; the Windows compile check will fail in CI"
     fi
 fi
 exit 0
