@@ -2,7 +2,8 @@
 
 The numbers follow the library's rules (src/llama-longhaul.cpp): the budget is split evenly
 over the routed MoE layers, slots = min(n_expert, layer budget // bytes of one expert), the
-ubatch is clamped to min_slots // n_expert_used (at least 1), and a layer with fewer slots
+ubatch is clamped to min_slots // n_expert_used (at least 1; no clamp when every expert is
+cached), and a layer with fewer slots
 than n_expert_used runs its routed experts in ceil(n_expert_used / slots) stages.
 """
 from __future__ import annotations
@@ -46,8 +47,10 @@ class ModelInfo:
         return {il: min(self.n_expert, layer_budget // b) for il, b in self.expert_bytes.items()}
 
     def effective_ubatch(self, budget: int, n_ubatch: int = 512) -> int:
-        s = min(self.slots(budget).values(), default=0)
-        return min(n_ubatch, max(1, s // max(1, self.n_expert_used)))
+        partial = [s for s in self.slots(budget).values() if s < self.n_expert]
+        if not partial:  # every expert cached: any ubatch fits
+            return n_ubatch
+        return min(n_ubatch, max(1, min(partial) // max(1, self.n_expert_used)))
 
     def stages(self, budget: int) -> int:
         s = min(self.slots(budget).values(), default=0)
