@@ -52,6 +52,20 @@ def test_completion_longhaul_equals_normal(model, split_model, budget) -> None:
         assert re.search(r"longhaul: hit rate [0-9.]+ %.*GiB of experts read at .*GiB/s.*waiting on I/O.*MoE stages", err)
 
 
+def test_environment_variables(model) -> None:
+    """LLAMA_ARG_LONGHAUL / LLAMA_ARG_LONGHAUL_CACHE, in upstream's style."""
+    import os
+
+    env = {**os.environ, "LLAMA_ARG_LONGHAUL": "1", "LLAMA_ARG_LONGHAUL_CACHE": "0.5"}
+    r = run([str(tool_path("llama-completion")), "-m", str(model), "-p", PROMPT, "-n", "8", "--temp", "0", "-no-cnv",
+             "--no-display-prompt", "-t", "2", "-c", "512"], env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and b"longhaul: hit rate" in r.stderr
+    env["LLAMA_ARG_LONGHAUL_CACHE"] = "lots"
+    r = run([str(tool_path("llama-completion")), "-m", str(model), "-p", "x", "-n", "1"], env=env, timeout=60,
+            stdin=subprocess.DEVNULL)
+    assert r.returncode > 0 and b"expected a size in GiB" in r.stderr + r.stdout
+
+
 def test_cli_spec_command(model) -> None:
     """llama-cli --model M --longhaul --longhaul-cache 2 --n-gpu-layers 0 (one turn, greedy)."""
     args = ["--model", str(model), "--n-gpu-layers", "0", "-p", "hello", "-n", "16", "-st", "--temp", "0", "-t", "2"]
