@@ -304,3 +304,35 @@ def test_rss_stays_within_resident_weights_plus_budget(make_model, tmp_path) -> 
     assert rss <= resident + budget + margin, (rss, resident, budget)
     assert hwm <= resident + budget + margin, (hwm, resident, budget)
     assert expert_total > 2 * (resident + budget + margin)  # the bound is meaningfully below a full load
+
+
+@pytest.mark.parametrize("arch,et,extra", [("qwen3moe", "q4_0", {}), ("qwen35moe", "q8_0", {"merged_gate_up": True}),
+                                           ("laguna", "f16", {})])
+@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("slots", ["all", "staged"])
+def test_forced_staged_writes_equal_normal_load(make_model, monkeypatch, caplog, arch, et, extra, shards, slots) -> None:
+    """LLAMA_LONGHAUL_STAGED=1: slices go through the staging buffer and ggml_backend_tensor_set()."""
+    import logging
+
+    spec = spec_of(arch, et, extra)
+    paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
+    n_slots = spec.n_expert if slots == "all" else spec.n_expert_used - 1
+    monkeypatch.setenv("LLAMA_LONGHAUL_STAGED", "1")
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
+        ids, logits, info = run(paths[0], 512, load_mode=LoadMode.LONGHAUL,
+                                longhaul_cache=budget_for(spec, n_slots), use_extra_bufts=False)
+    assert any("written through staging buffers" in r.getMessage() for r in caplog.records)
+    assert info["stats"].total.n_misses > 0
+    monkeypatch.delenv("LLAMA_LONGHAUL_STAGED")
+    ref_ids, ref_logits, _ = run(paths[0], info["n_ubatch"], load_mode=LoadMode.NONE, use_extra_bufts=False)
+    assert ids == ref_ids
+    np.testing.assert_array_equal(logits, ref_logits)
+
+
+def test_direct_writes_by_default(make_model, caplog) -> None:
+    import logging
+
+    path = make_model(arch="qwen3moe")[0]
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1).close()
+    assert not any("staging" in r.getMessage() for r in caplog.records)
