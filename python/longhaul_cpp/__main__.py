@@ -102,20 +102,12 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 def _generate_timed(model, prompt: str, n_predict: int) -> tuple[list[int], float, float, int]:
     """Greedy generation; returns (ids, prompt seconds, generation seconds, prompt tokens)."""
-    import numpy as np
-
     with model.context(n_ctx=max(256, n_predict + 128)) as ctx:
         toks = model.tokenize(prompt)
         t0 = time.perf_counter()
         ctx.decode(toks)
         t1 = time.perf_counter()
-        ids: list[int] = []
-        for _ in range(n_predict):
-            tok = int(np.argmax(ctx.logits()))
-            if model.is_eog(tok):
-                break
-            ids.append(tok)
-            ctx.decode([tok])
+        ids = list(ctx.greedy([], n_predict))
         t2 = time.perf_counter()
     return ids, t1 - t0, t2 - t1, len(toks)
 

@@ -299,8 +299,9 @@ class Context:
         return np.frombuffer(ffi.buffer(ptr, n * 4), dtype=np.float32)
 
     def greedy(self, prompt: Sequence[int] | np.ndarray, n_predict: int, *, stop_at_eog: bool = True) -> Iterator[int]:
-        """Decode `prompt`, then yield up to `n_predict` greedily chosen token ids."""
-        self.decode(prompt)
+        """Decode `prompt` (if any), then yield up to `n_predict` greedily chosen token ids."""
+        if len(prompt):
+            self.decode(prompt)
         for _ in range(n_predict):
             tok = int(np.argmax(self.logits()))
             if stop_at_eog and self.model.is_eog(tok):
