@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Machine set-up: ccache (optional, speeds up rebuilds) and mingw-w64 (the Windows compile
-# check). Everything the build needs comes from PyPI through pip (scikit-build-core, cmake,
+# Machine set-up: ccache (optional, speeds up rebuilds), mingw-w64 (the Windows build) and wine
+# (runs the Windows build's unit tests). Everything the build needs comes from PyPI through pip (scikit-build-core, cmake,
 # ninja, cffi, numpy, gguf).
 set -uo pipefail
 if ! command -v ccache >/dev/null 2>&1; then
@@ -18,6 +18,14 @@ if ! command -v x86_64-w64-mingw32-g++-posix >/dev/null 2>&1; then
         echo "ci/setup.sh: installing g++-mingw-w64-x86-64-posix (Debian package)"
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-mingw-w64-x86-64-posix) >/dev/null 2>&1 \
             || echo "ci/setup.sh: could not install mingw-w64; the Windows compile check will fail in CI"
+    fi
+fi
+# the Windows build of test-longhaul runs under wine (tests/test_portability.py)
+if ! command -v wine >/dev/null 2>&1 && ! command -v wine64 >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ci/setup.sh: installing wine64 (Debian package)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wine64) >/dev/null 2>&1 \
+            || echo "ci/setup.sh: could not install wine64; the Windows unit-test run will fail in CI"
     fi
 fi
 exit 0

@@ -1,6 +1,7 @@
 """Shared fixtures. The suite tests the *installed* package (pip install .), not the source tree."""
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -45,7 +46,7 @@ class ModelFactory:
         spec = SyntheticSpec(**kw)
         key = (spec, n_shards)
         if key not in self.cache:
-            name = "-".join(f"{k}{v}" for k, v in sorted(kw.items())) or "default"
+            name = f"{spec.arch}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"  # short: file name limits
             self.cache[key] = generate(spec, self.root / f"{name}-s{n_shards}.gguf", n_shards=n_shards)
         return self.cache[key]
 

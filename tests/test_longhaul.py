@@ -43,7 +43,7 @@ def run(path, n_ubatch: int, **model_kw) -> tuple[list[int], np.ndarray, dict]:
         prompt = m.tokenize(PROMPT)
         assert len(prompt) >= 64
         ids = list(ctx.greedy(prompt, N_GEN))
-        info = {"n_ubatch": eff}
+        info = {"n_ubatch": eff, "n_prompt": len(prompt)}
         if m.is_longhaul:
             info["stats"] = m.longhaul_stats()
         return ids, ctx.logits().copy(), info
@@ -51,22 +51,30 @@ def run(path, n_ubatch: int, **model_kw) -> tuple[list[int], np.ndarray, dict]:
 
 @pytest.mark.parametrize("arch,et,extra", ARCH_TYPES, ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize("shards", [1, 3])
-@pytest.mark.parametrize("slots", ["all", "2k", "k", "staged", "1"])
+@pytest.mark.parametrize("slots", ["all", "2k", "3k/2", "k", "staged", "1"])
 def test_longhaul_equals_normal_load(make_model, arch, et, extra, shards, slots) -> None:
-    """Budgets: every expert cached, 2k and k slots, fewer than k (2 stages), 1 slot (k stages)."""
+    """Budgets: every expert cached; 2k, 3k/2 and k slots (the prompt runs in 2, 3 and 4 expert
+    waves); fewer than k (one token at a time, 2 stages); 1 slot (k stages)."""
     spec = spec_of(arch, et, extra)
     paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
     k = spec.n_expert_used
-    n_slots = {"all": spec.n_expert, "2k": 2 * k, "k": k, "staged": k - 1, "1": 1}[slots]
+    n_slots = {"all": spec.n_expert, "2k": 2 * k, "3k/2": 3 * k // 2, "k": k, "staged": k - 1, "1": 1}[slots]
     ids, logits, info = run(paths[0], 512, load_mode=LoadMode.LONGHAUL,
                             longhaul_cache=budget_for(spec, n_slots), use_extra_bufts=False)
-    # the ubatch is clamped so every expert it selects fits at once (not needed when all are cached)
-    assert info["n_ubatch"] == (512 if n_slots == spec.n_expert else max(1, n_slots // spec.n_expert_used))
+    # the ubatch is kept unless one token's experts do not fit (then tokens run one at a time)
+    assert info["n_ubatch"] == (512 if n_slots >= k else 1)
     st = info["stats"]
     assert all(layer.n_slots == n_slots for layer in st.layers)
     assert st.total.n_misses > 0
-    stages = -(-k // n_slots)  # staged MoE when one token's experts do not fit
-    assert all(layer.n_stages == stages * layer.n_batches for layer in st.layers)
+    if n_slots < k:  # staged MoE: every token runs ceil(k / slots) stages
+        assert all(layer.n_stages == -(-k // n_slots) * layer.n_batches for layer in st.layers)
+    else:  # the prompt (one ubatch) runs in ceil(min(n_expert, n_prompt * k) / slots) waves, decode in one
+        waves = -(-min(spec.n_expert, info["n_prompt"] * k) // n_slots)
+        assert waves == {"all": 1, "2k": 2, "3k/2": 3, "k": 4}[slots]
+        # some archs compute only the output rows (1 token) in the last layer: one wave there
+        last = spec.n_layer - 1
+        assert all(layer.n_stages - (layer.n_batches - 1) in ((waves,) if layer.il != last else (1, waves))
+                   for layer in st.layers)
     ref_ids, ref_logits, _ = run(paths[0], info["n_ubatch"], load_mode=LoadMode.NONE, use_extra_bufts=False)
     assert ids == ref_ids
     np.testing.assert_array_equal(logits, ref_logits)  # same plain kernels: bit-exact
@@ -112,6 +120,34 @@ def test_counters(make_model) -> None:
             m.longhaul_stats_reset()
             assert m.longhaul_stats().total.n_hits == 0
             assert m.longhaul_stats().total.n_slots == first.total.n_slots
+
+
+@pytest.mark.parametrize("n_ubatch", [7, 24])
+def test_waves_over_several_ubatches(make_model, caplog, n_ubatch) -> None:
+    """A prompt split into ubatches that each select more experts than the cache holds: every ubatch
+    runs in expert waves (5 slots of 16: groups of 5, 5, 5, 1), bit-identical to a normal load."""
+    import logging
+
+    spec = spec_of("qwen35moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
+        ids, logits, info = run(path, n_ubatch, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 5),
+                                use_extra_bufts=False)
+    assert info["n_ubatch"] == n_ubatch
+    assert any("expert waves" in r.getMessage() for r in caplog.records)
+    k, n_prompt = spec.n_expert_used, info["n_prompt"]
+    full, rest = divmod(n_prompt, n_ubatch)
+    waves = lambda t: -(-min(spec.n_expert, t * k) // 5)  # noqa: E731
+    expect = full * waves(n_ubatch) + (waves(rest) if rest else 0)
+    n_prompt_ubatches = full + (1 if rest else 0)
+    for layer in info["stats"].layers:
+        if layer.il == spec.n_layer - 1:
+            continue  # computes only the output rows
+        assert layer.n_stages - (layer.n_batches - n_prompt_ubatches) == expect
+        assert layer.n_evictions > 0
+    ref_ids, ref_logits, _ = run(path, n_ubatch, load_mode=LoadMode.NONE, use_extra_bufts=False)
+    assert ids == ref_ids
+    np.testing.assert_array_equal(logits, ref_logits)
 
 
 def test_lru_evicts_with_a_small_cache(make_model) -> None:
@@ -309,14 +345,14 @@ def test_rss_stays_within_resident_weights_plus_budget(make_model, tmp_path) -> 
 @pytest.mark.parametrize("arch,et,extra", [("qwen3moe", "q4_0", {}), ("qwen35moe", "q8_0", {"merged_gate_up": True}),
                                            ("laguna", "f16", {})])
 @pytest.mark.parametrize("shards", [1, 3])
-@pytest.mark.parametrize("slots", ["all", "staged"])
+@pytest.mark.parametrize("slots", ["all", "waves", "staged"])
 def test_forced_staged_writes_equal_normal_load(make_model, monkeypatch, caplog, arch, et, extra, shards, slots) -> None:
     """LLAMA_LONGHAUL_STAGED=1: slices go through the staging buffer and ggml_backend_tensor_set()."""
     import logging
 
     spec = spec_of(arch, et, extra)
     paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
-    n_slots = spec.n_expert if slots == "all" else spec.n_expert_used - 1
+    n_slots = {"all": spec.n_expert, "waves": spec.n_expert_used + 1, "staged": spec.n_expert_used - 1}[slots]
     monkeypatch.setenv("LLAMA_LONGHAUL_STAGED", "1")
     with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
         ids, logits, info = run(paths[0], 512, load_mode=LoadMode.LONGHAUL,

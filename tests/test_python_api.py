@@ -63,6 +63,8 @@ def test_info_matches_the_library(make_model) -> None:
     assert {l.il: l.n_slots for l in stats.layers} == info.slots(budget)
     assert info.effective_ubatch(budget) == n_ubatch == 1
     assert info.stages(budget) == 2
+    assert info.waves(budget * 2, 512) == 3  # 6 slots of 16: a full ubatch runs in 3 expert waves
+    assert info.effective_ubatch(budget * 2) == 512
     r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache", f"{budget}B"], text=True)
     assert r.returncode == 0, r.stderr
     assert "longhaul:       supported" in r.stdout and "3 slots per layer" in r.stdout

@@ -1,8 +1,9 @@
-"""longhaul-cpp command line: `demo`, `info` and `make-model`.
+"""longhaul-cpp command line: `demo`, `info`, `make-model` and `bench`.
 
     longhaul-cpp demo                   # make the default synthetic MoE model and generate on it
     longhaul-cpp info model.gguf --longhaul-cache 2
     longhaul-cpp make-model out.gguf --arch laguna --expert-type q4_0 --shards 3
+    longhaul-cpp bench --model medium      # as root: memory cap, cold reads
 """
 from __future__ import annotations
 
@@ -51,12 +52,23 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-ff-exp", type=int, default=d.n_ff_exp, help="routed expert width")
     p.add_argument("--n-ff-shexp", type=int, default=d.n_ff_shexp, help="shared expert width (qwen35moe, laguna)")
     p.add_argument("--n-ff", type=int, default=d.n_ff, help="dense FFN width (laguna's leading dense blocks)")
-    p.add_argument("--n-layer-dense-lead", type=int, default=d.n_layer_dense_lead, help="laguna: leading dense blocks")
+    p.add_argument("--n-layer-dense-lead", type=int, default=d.n_layer_dense_lead,
+                   help="laguna, inkling: leading dense blocks")
     p.add_argument("--expert-type", choices=TYPES, default=d.expert_type, help="type of the routed expert banks")
     p.add_argument("--weight-type", choices=TYPES, default=d.weight_type, help="type of the other 2-D weights")
     p.add_argument("--merged-gate-up", action="store_true", help="qwen35moe: one ffn_gate_up_exps bank")
     p.add_argument("--full-attention-interval", type=int, default=d.full_attention_interval,
-                   help="qwen35moe: every N-th layer is full attention, the others gated delta net")
+                   help="qwen35moe: every N-th layer is full attention, the others gated delta net; "
+                        "inkling: every N-th layer is global, the others sliding-window")
+    p.add_argument("--n-swa", type=int, default=d.n_swa, help="inkling: sliding window of the SWA layers")
+    p.add_argument("--d-rel", type=int, default=d.d_rel, help="inkling: rank of the relative-position bias")
+    p.add_argument("--rel-extent", type=int, default=d.rel_extent, help="inkling: bias band of the global layers")
+    p.add_argument("--rel-extent-swa", type=int, default=d.rel_extent_swa, help="inkling: bias band of the SWA layers")
+    p.add_argument("--logit-scale-denom", type=float, default=d.logit_scale_denom, help="inkling: logit divisor")
+    p.add_argument("--n-vocab-pad", type=int, default=d.n_vocab_pad, help="inkling: padded (masked) vocabulary rows")
+    p.add_argument("--router-skew", type=float, default=d.router_skew,
+                   help="0 = uniform routing; > 0 = Zipf-like expert popularity (router row e scaled by "
+                        "(1 + rank) ** -skew; 1.2 gives ~55%% LRU hits with 1/8 of the experts cached)")
     p.add_argument("--seed", type=int, default=d.seed)
 
 
@@ -180,7 +192,27 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"budget {mib(budget)}: {', '.join(map(str, per))} slots per layer "
               f"({sum(s * info.expert_bytes[il] for il, s in slots.items()) / 2**20:.2f} MiB cached), "
               f"effective n_ubatch {info.effective_ubatch(budget, args.n_ubatch)} (of {args.n_ubatch}), "
-              f"{info.stages(budget)} stage(s) per MoE layer")
+              f"{info.stages(budget)} stage(s) per MoE layer, up to "
+              f"{info.waves(budget, info.effective_ubatch(budget, args.n_ubatch))} expert wave(s) per ubatch")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import SCENARIOS, BenchConfig, parse_fractions, run_bench, write_reports
+
+    scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
+    bad = [s for s in scenarios if s not in SCENARIOS]
+    if bad:
+        raise ValueError(f"unknown scenario(s) {', '.join(bad)}: choose from {', '.join(SCENARIOS)}")
+    routings = ("uniform", "zipf") if args.routing == "both" else (args.routing,)
+    cfg = BenchConfig(model=args.model, routings=routings, scenarios=scenarios, fractions=parse_fractions(args.budgets),
+                      cap_fraction=args.cap, cap_gib=args.cap_gib, n_prompt=args.n_prompt, n_gen=args.n_gen, n_gen_capped=args.n_gen_capped,
+                      threads=args.threads, reps=args.repetitions, cold=not args.no_cold,
+                      capped_timeout=args.capped_timeout,
+                      out=Path(args.output or f"longhaul-bench-{Path(args.model).stem}"))
+    res = run_bench(cfg, log=lambda m: print(m, flush=True), progress=lambda label: _Progress(label))
+    for f in write_reports(res, cfg.out):
+        print(f"wrote {f}")
     return 0
 
 
@@ -212,6 +244,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=1, help="split into this many GGUF files")
     p.set_defaults(func=cmd_make_model)
 
+    p = sub.add_parser("bench", help="benchmark longhaul against a normal load, mmap under a memory cap and the "
+                       "disk's physical bound (see docs/benchmark.md)",
+                       description="Runs each scenario as separate llama-bench processes and writes results.json, "
+                       "results.md and results.png. The memory-cap scenario and cold measurements need root "
+                       "(cgroup memory controller, dropping the page cache).")
+    p.add_argument("--model", default="medium", help="medium (2.6 GiB) | large (9.6 GiB): synthetic benchmark models, "
+                   "generated once into the cache; or a GGUF path (default: medium)")
+    p.add_argument("--routing", choices=("uniform", "zipf", "both"), default="both",
+                   help="router of the synthetic models: uniform (worst case for a cache) or Zipf-like popularity")
+    p.add_argument("--scenarios", default="resident,allcached,cap,sweep",
+                   help="comma-separated subset of resident,allcached,cap,sweep (default: all)")
+    p.add_argument("--budgets", default="1/16,1/8,1/4,1/2,1",
+                   help="sweep budgets as fractions of the routed experts (default: 1/16,1/8,1/4,1/2,1)")
+    p.add_argument("--cap", type=float, default=0.5, help="memory cap as a fraction of the model file (default 0.5)")
+    p.add_argument("--cap-gib", type=float, help="memory cap in GiB (instead of --cap)")
+    p.add_argument("-p", "--n-prompt", type=int, default=512)
+    p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("--n-gen-capped", type=int, default=16,
+                   help="generated tokens of the mmap load under the cap (it is slow; default 16)")
+    p.add_argument("--capped-timeout", type=float, default=900.0, help="seconds before a capped run is killed")
+    p.add_argument("-t", "--threads", type=int, default=min(os.cpu_count() or 1, 8))
+    p.add_argument("-r", "--repetitions", type=int, default=2, help="timed repetitions of warm runs (default 2)")
+    p.add_argument("--no-cold", action="store_true", help="skip cold runs (dropping the page cache needs root)")
+    p.add_argument("-o", "--output", help="output directory (default: longhaul-bench-MODEL)")
+    p.set_defaults(func=cmd_bench)
+
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(message)s")
     try:
@@ -219,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"longhaul-cpp: error: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:
+    except RuntimeError as e:  # includes bench.BenchError
         print(f"longhaul-cpp: error: {e}", file=sys.stderr)
         return 1
 

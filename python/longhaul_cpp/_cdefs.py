@@ -246,6 +246,9 @@ uint64_t llama_model_size(const struct llama_model * model);
 uint64_t llama_model_n_params(const struct llama_model * model);
 
 void llama_memory_clear(llama_memory_t mem, bool data);
+size_t llama_state_get_size(struct llama_context * ctx);
+size_t llama_state_get_data(struct llama_context * ctx, uint8_t * dst, size_t size);
+size_t llama_state_set_data(struct llama_context * ctx, const uint8_t * src, size_t size);
 
 struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
 void llama_batch_free(struct llama_batch batch);

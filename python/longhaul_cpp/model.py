@@ -256,6 +256,25 @@ class Context:
         self.n_past = 0
         self._n_outputs = 0
 
+    def state_get(self) -> bytes:
+        """The context's memory (KV cache and recurrent state) and position, as bytes. Logits are not
+        part of it: after state_set(), decode the next token before reading logits."""
+        size = lib().llama_state_get_size(self.ptr)
+        buf = ffi.new("uint8_t[]", size)
+        n = lib().llama_state_get_data(self.ptr, buf, size)
+        if n != size:
+            raise LlamaError(f"llama_state_get_data wrote {n} of {size} bytes")
+        return bytes(ffi.buffer(buf, size)) + self.n_past.to_bytes(8, "little")
+
+    def state_set(self, state: bytes) -> None:
+        """Restore a state from state_get() (same model and context parameters)."""
+        data = state[:-8]
+        n = lib().llama_state_set_data(self.ptr, data, len(data))
+        if n != len(data):
+            raise LlamaError(f"llama_state_set_data: the state does not fit this context (read {n} of {len(data)} bytes)")
+        self.n_past = int.from_bytes(state[-8:], "little")
+        self._n_outputs = 0  # no logits until the next decode
+
     def decode(self, tokens: Sequence[int] | np.ndarray, *, all_logits: bool = False) -> None:
         """Append tokens at the current position; logits of the last (or every) token become readable."""
         toks = np.ascontiguousarray(tokens, dtype=np.int32)

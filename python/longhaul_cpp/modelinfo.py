@@ -1,10 +1,10 @@
 """What longhaul would do with a GGUF model, read from its header (no weights are loaded).
 
 The numbers follow the library's rules (src/llama-longhaul.cpp): the budget is split evenly
-over the routed MoE layers, slots = min(n_expert, layer budget // bytes of one expert), the
-ubatch is clamped to min_slots // n_expert_used (at least 1; no clamp when every expert is
-cached), and a layer with fewer slots
-than n_expert_used runs its routed experts in ceil(n_expert_used / slots) stages.
+over the routed MoE layers, slots = min(n_expert, layer budget // bytes of one expert). A layer
+with fewer slots than n_expert_used runs one token at a time (the ubatch becomes 1), its routed
+experts in ceil(n_expert_used / slots) stages. Otherwise the ubatch is kept, and a ubatch whose
+experts do not fit runs in ceil(min(n_expert, n_tokens * n_expert_used) / slots) expert waves.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-SUPPORTED_ARCHS = ("qwen35moe", "laguna", "qwen3moe")
+SUPPORTED_ARCHS = ("qwen35moe", "laguna", "inkling", "qwen3moe")
 _BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 _SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
 
@@ -47,10 +47,17 @@ class ModelInfo:
         return {il: min(self.n_expert, layer_budget // b) for il, b in self.expert_bytes.items()}
 
     def effective_ubatch(self, budget: int, n_ubatch: int = 512) -> int:
-        partial = [s for s in self.slots(budget).values() if s < self.n_expert]
-        if not partial:  # every expert cached: any ubatch fits
-            return n_ubatch
-        return min(n_ubatch, max(1, min(partial) // max(1, self.n_expert_used)))
+        s = min(self.slots(budget).values(), default=0)
+        return 1 if 0 < s < self.n_expert_used else n_ubatch
+
+    def waves(self, budget: int, n_tokens: int = 512) -> int:
+        """Expert waves of the largest layer plan for a ubatch of n_tokens (1 = one pass)."""
+        k = max(1, self.n_expert_used)
+        worst = 1
+        for s in self.slots(budget).values():
+            if 0 < s < self.n_expert and s >= k:
+                worst = max(worst, -(-min(self.n_expert, n_tokens * k) // s))
+        return worst
 
     def stages(self, budget: int) -> int:
         s = min(self.slots(budget).values(), default=0)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = ("qwen3moe", "qwen35moe", "laguna")
+ARCHS = ("qwen3moe", "qwen35moe", "laguna", "inkling")
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 
 # byte-level SPM vocabulary: <unk>, <s>, </s>, then one token per byte
@@ -39,14 +39,23 @@ class SyntheticSpec:
     n_expert: int = 16
     n_expert_used: int = 4
     n_ff_exp: int = 64
-    n_ff_shexp: int = 64        # shared expert width (qwen35moe, laguna)
-    n_ff: int = 128             # dense FFN width (laguna's leading dense blocks)
-    n_layer_dense_lead: int = 1  # laguna only
+    n_ff_shexp: int = 64        # shared expert width (qwen35moe, laguna, inkling)
+    n_ff: int = 128             # dense FFN width (laguna's and inkling's leading dense blocks)
+    n_layer_dense_lead: int = 1  # laguna, inkling
     expert_type: str = "q8_0"   # routed expert banks
     weight_type: str = "f32"    # other 2-D weights (attention, shared experts, embeddings)
     merged_gate_up: bool = False  # qwen35moe: one ffn_gate_up_exps bank instead of gate + up
-    full_attention_interval: int = 4  # qwen35moe: layer i is recurrent iff (i + 1) % interval != 0
+    full_attention_interval: int = 4  # qwen35moe: layer i is recurrent iff (i + 1) % interval != 0;
+    #                                   inkling: layer i is global iff (i + 1) % interval == 0, else SWA
+    # inkling only (tiny defaults: the window and the bands are exercised by short prompts)
+    n_swa: int = 16             # sliding window of the SWA layers
+    d_rel: int = 8              # relative-position bias rank
+    rel_extent: int = 24        # bias band of the global layers
+    rel_extent_swa: int = 12    # bias band of the SWA layers
+    logit_scale_denom: float = 2.0
+    n_vocab_pad: int = 5        # padded vocabulary rows (masked to -inf)
     n_ctx_train: int = 4096
+    router_skew: float = 0.0    # 0 = uniform routing; > 0 = Zipf-like expert popularity (see _router_fill)
     seed: int = 0
 
     def validate(self) -> None:
@@ -66,16 +75,32 @@ class SyntheticSpec:
         quantized = {t for t in (self.expert_type, self.weight_type) if t.startswith("q")}
         if quantized and (self.n_embd % 32 or self.n_ff_exp % 32 or self.n_ff_shexp % 32 or self.n_ff % 32):
             raise ValueError("quantized types need n_embd, n_ff_exp, n_ff_shexp and n_ff to be multiples of 32")
-        if self.arch == "laguna" and not 0 <= self.n_layer_dense_lead < self.n_layer:
-            raise ValueError("laguna needs 0 <= n_layer_dense_lead < n_layer")
+        if self.arch == "qwen35moe" and self.n_layer < self.full_attention_interval:
+            raise ValueError(f"qwen35moe needs at least one full-attention layer: n_layer ({self.n_layer}) must be "
+                             f">= full_attention_interval ({self.full_attention_interval})")
+        if self.router_skew < 0:
+            raise ValueError("router_skew must be >= 0 (0 = uniform routing)")
+        if self.arch in ("laguna", "inkling") and not 0 <= self.n_layer_dense_lead < self.n_layer:
+            raise ValueError(f"{self.arch} needs 0 <= n_layer_dense_lead < n_layer")
+        if self.arch == "inkling" and (self.n_swa < 1 or self.rel_extent < 1 or self.rel_extent_swa < 1 or self.d_rel < 1):
+            raise ValueError("inkling needs n_swa, d_rel, rel_extent and rel_extent_swa >= 1")
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
     def moe_layers(self) -> list[int]:
-        lead = self.n_layer_dense_lead if self.arch == "laguna" else 0
+        lead = self.n_layer_dense_lead if self.arch in ("laguna", "inkling") else 0
         return list(range(lead, self.n_layer))
+
+    def is_swa(self, il: int) -> bool:
+        """inkling: layer il uses the sliding window (else global attention)."""
+        return (il + 1) % self.full_attention_interval != 0
+
+    @property
+    def n_vocab(self) -> int:
+        """Rows of the embedding and output matrices (the tokenizer's vocabulary, padded for inkling)."""
+        return N_VOCAB + (self.n_vocab_pad if self.arch == "inkling" else 0)
 
     def expert_bytes(self) -> int:
         """Bytes of one routed expert (gate + up + down) of one layer, in the file."""
@@ -145,9 +170,12 @@ def _tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
         w[:N_SPECIAL] = 0.0  # special tokens never win greedy decoding: generation runs its full length
         return w
 
-    yield _Tensor("token_embd.weight", (E, N_VOCAB), "matrix", 1.0)
+    yield _Tensor("token_embd.weight", (E, spec.n_vocab), "matrix", 1.0)
     yield _Tensor("output_norm.weight", (E,), "norm")
-    yield _Tensor("output.weight", (E, N_VOCAB), "custom", fill=out_fill)
+    yield _Tensor("output.weight", (E, spec.n_vocab), "custom", fill=out_fill)
+    if spec.arch == "inkling":
+        yield from _inkling_tensors(spec)
+        return
 
     moe = set(spec.moe_layers())
     for il in range(spec.n_layer):
@@ -192,8 +220,7 @@ def _tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
             yield _Tensor(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
             continue
 
-        yield _Tensor(p + "ffn_gate_inp.weight", (E, X), "custom",
-                      fill=lambda rng, s: rng.standard_normal(s, dtype=np.float32) * np.float32(inv(E)))
+        yield _Tensor(p + "ffn_gate_inp.weight", (E, X), "custom", fill=_router_fill(spec))
         if spec.arch == "laguna":
             yield _Tensor(p + "exp_probs_b.bias", (X,), "custom", fill=lambda rng, s: np.zeros(s, dtype=np.float32))
         if spec.merged_gate_up:
@@ -209,6 +236,69 @@ def _tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
             yield _Tensor(p + "ffn_gate_shexp.weight", (E, Fs), "matrix", inv(E))
             yield _Tensor(p + "ffn_up_shexp.weight", (E, Fs), "matrix", inv(E))
             yield _Tensor(p + "ffn_down_shexp.weight", (Fs, E), "matrix", inv(Fs))
+
+
+def _router_fill(spec: SyntheticSpec) -> Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]:
+    """Router rows ~ N(0, 1/n_embd); with router_skew > 0, row e is scaled by (1 + rank_e) ** -skew
+    (ranks a random permutation per layer), so a few experts win the top-k far more often:
+    a Zipf-like popularity instead of uniform routing."""
+    inv_e = np.float32(1.0 / math.sqrt(spec.n_embd))
+
+    def fill(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+        w = rng.standard_normal(shape, dtype=np.float32) * inv_e
+        if spec.router_skew > 0:
+            rank = rng.permutation(shape[0])
+            w *= ((1.0 + rank) ** -spec.router_skew).astype(np.float32)[:, None]
+        return w
+
+    return fill
+
+
+def _inkling_tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
+    """Inkling's blocks, with the public GGUF tensor names (see ../shared/notes/inkling.md)."""
+    E, Dh, H, Hkv = spec.n_embd, spec.head_dim, spec.n_head, spec.n_head_kv
+    X, F, Fs, R = spec.n_expert, spec.n_ff_exp, spec.n_ff_shexp, spec.d_rel
+    inv = lambda n: 1.0 / math.sqrt(n)  # noqa: E731
+
+    def normal(std: float) -> Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]:
+        return lambda rng, s: rng.standard_normal(s, dtype=np.float32) * np.float32(std)
+
+    def around_one(rng: np.random.Generator, s: tuple[int, ...]) -> np.ndarray:
+        return (1.0 + 0.2 * rng.standard_normal(s)).astype(np.float32)  # norms: not all ones
+
+    yield _Tensor("token_embd_norm.weight", (E,), "custom", fill=around_one)
+    moe = set(spec.moe_layers())
+    for il in range(spec.n_layer):
+        p = f"blk.{il}."
+        extent = spec.rel_extent_swa if spec.is_swa(il) else spec.rel_extent
+        yield _Tensor(p + "attn_norm.weight", (E,), "custom", fill=around_one)
+        yield _Tensor(p + "attn_q.weight", (E, H * Dh), "matrix", inv(E))
+        yield _Tensor(p + "attn_k.weight", (E, Hkv * Dh), "matrix", inv(E))
+        yield _Tensor(p + "attn_v.weight", (E, Hkv * Dh), "matrix", inv(E))
+        yield _Tensor(p + "attn_r.weight", (E, H * R), "matrix", inv(E))
+        yield _Tensor(p + "attn_output.weight", (H * Dh, E), "matrix", inv(H * Dh))
+        yield _Tensor(p + "attn_q_norm.weight", (Dh,), "custom", fill=around_one)
+        yield _Tensor(p + "attn_k_norm.weight", (Dh,), "custom", fill=around_one)
+        # a strong bias (scores are q.k / head_dim): the band visibly changes the attention
+        yield _Tensor(p + "attn_rel_proj.weight", (extent, R), "custom", fill=normal(2.0 * inv(R)))
+        for name, width in (("k", Hkv * Dh), ("v", Hkv * Dh), ("attn", E), ("mlp", E)):
+            yield _Tensor(p + f"shortconv_{name}.weight", (4, width), "custom", fill=normal(0.3))
+        yield _Tensor(p + "ffn_norm.weight", (E,), "custom", fill=around_one)
+        yield _Tensor(p + "ffn_gscale.weight", (1,), "custom",
+                      fill=lambda rng, s: rng.uniform(0.5, 1.5, s).astype(np.float32))
+        if il not in moe:  # leading dense blocks
+            yield _Tensor(p + "ffn_gate.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield _Tensor(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield _Tensor(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
+            continue
+        yield _Tensor(p + "ffn_gate_inp.weight", (E, X + 2), "custom", fill=_router_fill(spec))
+        yield _Tensor(p + "exp_probs_b.bias", (X,), "custom", fill=normal(0.05))
+        yield _Tensor(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
+        yield _Tensor(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
+        yield _Tensor(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
+        yield _Tensor(p + "ffn_gate_shexps.weight", (E, Fs, 2), "matrix", inv(E))
+        yield _Tensor(p + "ffn_up_shexps.weight", (E, Fs, 2), "matrix", inv(E))
+        yield _Tensor(p + "ffn_down_shexps.weight", (Fs, E, 2), "matrix", inv(Fs))
 
 
 def _ssm_dims(spec: SyntheticSpec) -> tuple[int, int, int]:
@@ -229,16 +319,18 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
     w.add_uint32(f"{a}.block_count", spec.n_layer)
     w.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
     w.add_uint32(f"{a}.attention.head_count", spec.n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    if a != "inkling":  # inkling: a per-layer array (below)
+        w.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
     w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
     w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_uint32(f"{a}.rope.dimension_count", spec.head_dim)
-    w.add_float32(f"{a}.rope.freq_base", 10000.0)
+    if a != "inkling":  # no RoPE
+        w.add_uint32(f"{a}.rope.dimension_count", spec.head_dim)
+        w.add_float32(f"{a}.rope.freq_base", 10000.0)
     w.add_uint32(f"{a}.expert_count", spec.n_expert)
     w.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
     w.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
-    w.add_uint32(f"{a}.vocab_size", N_VOCAB)
+    w.add_uint32(f"{a}.vocab_size", spec.n_vocab)
     if a == "qwen35moe":
         d_state, n_group, dt_rank = _ssm_dims(spec)
         w.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
@@ -257,15 +349,35 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
         w.add_float32(f"{a}.expert_weights_scale", 1.0)
         w.add_bool(f"{a}.expert_weights_norm", True)
 
+    if a == "inkling":
+        n = spec.n_layer
+        w.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv] * n)
+        w.add_uint32(f"{a}.attention.sliding_window", spec.n_swa)
+        w.add_array(f"{a}.attention.sliding_window_pattern", [spec.is_swa(il) for il in range(n)])
+        w.add_uint32(f"{a}.expert_shared_count", 2)
+        w.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
+        w.add_float32(f"{a}.expert_weights_scale", 8.0)
+        w.add_uint32(f"{a}.expert_gating_func", 2)  # sigmoid
+        w.add_uint32(f"{a}.unpadded_vocab_size", N_VOCAB)
+        w.add_uint32(f"{a}.d_rel", spec.d_rel)
+        w.add_uint32(f"{a}.rel_extent", spec.rel_extent)
+        w.add_uint32(f"{a}.rel_extent_swa", spec.rel_extent_swa)
+        w.add_uint32(f"{a}.shortconv_kernel", 4)
+        w.add_uint32(f"{a}.dense_block_count", spec.n_layer_dense_lead)
+        w.add_float32(f"{a}.logit_scale_denom", spec.logit_scale_denom)
+        w.add_uint32(f"{a}.log_scaling_n_floor", 128000)
+        w.add_float32(f"{a}.log_scaling_alpha", 0.1)
+
     # llama_ftype of the bulk of the weights (the routed experts), for the model description
     w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}[spec.expert_type])
 
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    n_pad = spec.n_vocab - N_VOCAB  # padded rows: unused tokens, masked by the arch (inkling)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [f"<pad_{i}>" for i in range(n_pad)]
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
-    w.add_token_scores([0.0] * N_VOCAB)
+    w.add_token_scores([0.0] * spec.n_vocab)
     w.add_token_types([int(gguf.TokenType.UNKNOWN), int(gguf.TokenType.CONTROL), int(gguf.TokenType.CONTROL)]
-                      + [int(gguf.TokenType.BYTE)] * 256)
+                      + [int(gguf.TokenType.BYTE)] * 256 + [int(gguf.TokenType.UNUSED)] * n_pad)
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Cross-compile the patched tree for Windows x64 with Debian's mingw-w64 (posix threads):
+# libllama, ggml (CPU), the shipped tools and test-longhaul. Compile and link only, nothing runs
+# (see docs/portability.md for why not under wine). Usage: ci/mingw-build.sh [BUILD_DIR]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$ROOT/build/mingw}
+PY=${PYTHON:-python3}
+CXX=${MINGW_CXX:-x86_64-w64-mingw32-g++-posix}
+CC=${MINGW_CC:-x86_64-w64-mingw32-gcc-posix}
+command -v "$CXX" >/dev/null || { echo "ci/mingw-build.sh: $CXX not found (apt-get install g++-mingw-w64-x86-64-posix)" >&2; exit 2; }
+
+"$PY" "$ROOT/vendor/longhaul_vendor.py" materialize >/dev/null
+launcher=()
+if command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+gen=()
+if command -v ninja >/dev/null || "$PY" -c "import ninja" 2>/dev/null; then
+    gen=(-G Ninja)
+    command -v ninja >/dev/null || gen+=(-DCMAKE_MAKE_PROGRAM="$("$PY" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))')")
+fi
+cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
+    -DCMAKE_SYSTEM_NAME=Windows -DCMAKE_SYSTEM_PROCESSOR=x86_64 \
+    -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
+    -DCMAKE_RC_COMPILER=x86_64-w64-mingw32-windres \
+    -DCMAKE_C_FLAGS="-include $ROOT/ci/mingw-compat.h" \
+    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+    -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=ON \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF >/dev/null
+cmake --build "$BUILD" -j "${JOBS:-2}" --target llama llama-cli llama-server llama-bench llama-completion test-longhaul
+ls "$BUILD"/bin/*.exe | sed 's/^/built: /'

@@ -1,0 +1,92 @@
+"""Smoke test of the benchmark harness (`longhaul-cpp bench`) on a tiny model: it runs the tools,
+reads their counters and writes its reports. No speed is asserted (these machines are noisy)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run
+from longhaul_cpp.bench import MemoryCap, parse_fractions, run_process
+
+BENCH = [sys.executable, "-m", "longhaul_cpp", "bench"]
+
+
+def _can_cap() -> bool:
+    if os.geteuid() != 0:
+        return False
+    try:
+        with MemoryCap(256 * 2**20):
+            return True
+    except RuntimeError:
+        return False
+
+
+def _tiny(make_model) -> Path:
+    return make_model(arch="qwen35moe", n_expert=16, n_expert_used=4, expert_type="q8_0")[0]
+
+
+def test_bench_smoke(make_model, tmp_path) -> None:
+    model = _tiny(make_model)
+    out = tmp_path / "out"
+    r = run(BENCH + ["--model", str(model), "--scenarios", "resident,allcached,sweep", "--budgets", "1/4,1",
+                     "-p", "32", "-n", "8", "-r", "1", "--no-cold", "-o", str(out)], text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    runs = res["runs"]
+    assert [(x["scenario"], x["test"]) for x in runs] == [
+        ("resident", "pp32"), ("resident", "tg8"), ("resident", "pp32"), ("resident", "tg8"),
+        ("allcached", "pp32"), ("allcached", "tg8"),
+        ("sweep", "pp32"), ("sweep", "tg8"), ("sweep", "pp32"), ("sweep", "tg8")]
+    assert all(x["status"] == "ok" and x["tokens_per_s"] > 0 and x["peak_rss_gib"] > 0 for x in runs)
+    lh = [x for x in runs if x["budget_gib"] is not None]
+    assert all(x["hit_rate"] is not None and x["expert_gib_read"] is not None for x in lh)
+    quarter = [x for x in lh if x["fraction"] == 0.25]
+    assert quarter[0]["expert_gib_read"] > 0  # a quarter of the experts cannot hold a prompt's working set
+    full_tg = [x for x in lh if x["scenario"] == "allcached" and x["test"] == "tg8"][0]
+    assert full_tg["hit_rate"] == 1.0 and full_tg["expert_gib_read"] == 0  # warm: the prompt filled the cache
+    targets = {t["target"]: t for t in res["analysis"]["targets"]}
+    ratio = targets["every expert cached: generation / resident (same layout)"]
+    assert ratio["measured"] is not None and ratio["met"] in (True, False)
+    md = (out / "results.md").read_text()
+    assert "| sweep | longhaul 0.25 of experts |" in md and "| target |" in md
+
+
+@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
+    model = _tiny(make_model)
+    out = tmp_path / "out"
+    r = run(BENCH + ["--model", str(model), "--scenarios", "allcached,cap", "--cap-gib", "0.5",
+                     "-p", "32", "-n", "8", "--n-gen-capped", "4", "-r", "1", "-o", str(out)], text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    capped = [x for x in res["runs"] if x["scenario"] == "cap"]
+    assert {x["label"].split(",")[0] for x in capped} >= {"mmap", "normal"}
+    assert all(x["cap_gib"] == 0.5 and x["status"] == "ok" for x in capped)
+    assert all(0 < x["cgroup_peak_gib"] <= 0.5 for x in capped)
+    cold = [x for x in capped if x["cold"]]
+    assert cold and all(x["disk_gib_read"] is not None for x in cold)
+    # a cold longhaul run reads its experts from the file: the library's counter sees them
+    assert any(x["expert_gib_read"] and x["expert_gib_read"] > 0 for x in cold)
+
+
+def test_run_process_reports_io_and_rss(tmp_path) -> None:
+    f = tmp_path / "blob"
+    f.write_bytes(os.urandom(4 * 2**20))
+    res = run_process([sys.executable, "-c", f"open({str(f)!r}, 'rb').read(); x = bytearray(64 * 2**20)"])
+    assert res.status == "ok" and res.returncode == 0
+    assert res.peak_rss >= 64 * 2**20
+    assert res.read_bytes >= 0  # 0 when the file is still in the page cache
+    bad = run_process([sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert bad.status == "failed" and bad.returncode == 3
+    slow = run_process([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
+    assert slow.status == "timeout"
+
+
+def test_budget_fractions() -> None:
+    assert parse_fractions("1/16,0.5,1") == (1 / 16, 0.5, 1.0)
+    with pytest.raises(ValueError, match="must be in"):
+        parse_fractions("2")
