@@ -53,6 +53,12 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert ratio["measured"] is not None and ratio["met"] in (True, False)
     md = (out / "results.md").read_text()
     assert "| sweep | longhaul 0.25 of experts |" in md and "| target |" in md
+    assert "Where prompt time goes" in md and "Where generation time goes" in md
+    # --report re-derives the reports from results.json alone
+    (out / "results.md").unlink()
+    r = run(BENCH + ["--report", str(out)], text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "results.md").read_text() == md
 
 
 @pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
@@ -71,14 +77,23 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     assert cold and all(x["disk_gib_read"] is not None for x in cold)
     # a cold longhaul run reads its experts from the file: the library's counter sees them
     assert any(x["expert_gib_read"] and x["expert_gib_read"] > 0 for x in cold)
+    ttft = res["analysis"]["ttft_cold"]
+    assert {t["label"].split(",")[0] for t in ttft} >= {"mmap"} and all(t["seconds"] > 0 for t in ttft)
 
 
 def test_run_process_reports_io_and_rss(tmp_path) -> None:
     f = tmp_path / "blob"
     f.write_bytes(os.urandom(4 * 2**20))
-    res = run_process([sys.executable, "-c", f"open({str(f)!r}, 'rb').read(); x = bytearray(64 * 2**20)"])
+    res = run_process([sys.executable, "-c", f"open({str(f)!r}, 'rb').read(); x = bytearray(64 * 2**20); "
+                       "x[::4096] = b'1' * len(x[::4096]); import time; time.sleep(0.3)"])
     assert res.status == "ok" and res.returncode == 0
     assert res.peak_rss >= 64 * 2**20
+    # the tool's own peak, not this process's: a child forked from a big parent is not charged for it
+    big = bytearray(300 * 2**20)
+    big[::4096] = b"1" * len(big[::4096])
+    small = run_process([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    assert small.peak_rss < 100 * 2**20, small.peak_rss
+    del big
     assert res.read_bytes >= 0  # 0 when the file is still in the page cache
     bad = run_process([sys.executable, "-c", "import sys; sys.exit(3)"])
     assert bad.status == "failed" and bad.returncode == 3

@@ -112,3 +112,19 @@ def test_checksum_is_verified(tmp_path: Path) -> None:
     r = vendor("materialize", "--fork", str(tmp_path / "llama.cpp"), env=env)
     assert r.returncode == 1
     assert "sha256" in r.stderr and "832db069" in r.stderr
+
+
+def test_sdist_carries_the_pin_and_the_series_not_the_source(tmp_path: Path) -> None:
+    """The sdist has what an offline build needs besides the pinned archive: the pin, the tool and
+    every patch; never the generated vendor/llama.cpp."""
+    import tarfile
+
+    r = run([sys.executable, "-c", "import sys; from scikit_build_core.build import build_sdist; "
+             "print(build_sdist(sys.argv[1]))", str(tmp_path)], text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with tarfile.open(tmp_path / r.stdout.strip().splitlines()[-1]) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    assert {"vendor/pin.json", "vendor/longhaul_vendor.py", "CMakeLists.txt", "pyproject.toml"} <= names
+    patches = {f"patches/{p.name}" for p in (ROOT / "patches").glob("*.patch")}
+    assert patches and patches <= names
+    assert not any(n.startswith("vendor/llama.cpp/") for n in names)

@@ -198,7 +198,12 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import SCENARIOS, BenchConfig, parse_fractions, run_bench, write_reports
+    from .bench import SCENARIOS, BenchConfig, parse_fractions, rewrite_reports, run_bench, write_reports
+
+    if args.report:
+        for f in rewrite_reports(Path(args.report)):
+            print(f"wrote {f}")
+        return 0
 
     scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
     bad = [s for s in scenarios if s not in SCENARIOS]
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                        description="Runs each scenario as separate llama-bench processes and writes results.json, "
                        "results.md and results.png. The memory-cap scenario and cold measurements need root "
                        "(cgroup memory controller, dropping the page cache).")
-    p.add_argument("--model", default="medium", help="medium (2.6 GiB) | large (9.6 GiB): synthetic benchmark models, "
+    p.add_argument("--model", default="medium", help="medium (2.6 GiB) | large (10.6 GiB): synthetic benchmark models, "
                    "generated once into the cache; or a GGUF path (default: medium)")
     p.add_argument("--routing", choices=("uniform", "zipf", "both"), default="both",
                    help="router of the synthetic models: uniform (worst case for a cache) or Zipf-like popularity")
@@ -268,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-r", "--repetitions", type=int, default=2, help="timed repetitions of warm runs (default 2)")
     p.add_argument("--no-cold", action="store_true", help="skip cold runs (dropping the page cache needs root)")
     p.add_argument("-o", "--output", help="output directory (default: longhaul-bench-MODEL)")
+    p.add_argument("--report", metavar="DIR", help="only rewrite the reports of DIR/results.json (no measurement)")
     p.set_defaults(func=cmd_bench)
 
     args = ap.parse_args(argv)

@@ -35,7 +35,7 @@ BENCH_MODELS: dict[str, SyntheticSpec] = {
     "medium": SyntheticSpec(arch="qwen35moe", n_layer=24, n_embd=1024, n_head=16, n_head_kv=4, n_expert=128,
                             n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, expert_type="q4_0", weight_type="q8_0",
                             seed=1),
-    # 9.6 GiB: 32 layers x 128 experts x 2.25 MiB
+    # 10.6 GiB: 32 layers x 128 experts x 2.53 MiB
     "large": SyntheticSpec(arch="qwen35moe", n_layer=32, n_embd=2048, n_head=16, n_head_kv=4, n_expert=128,
                            n_expert_used=8, n_ff_exp=768, n_ff_shexp=768, expert_type="q4_0", weight_type="q8_0",
                            seed=2),
@@ -84,7 +84,7 @@ class ProcResult:
     status: str              # "ok" | "failed" | "timeout" | "oom"
     returncode: int
     wall_s: float
-    peak_rss: int            # bytes (ru_maxrss)
+    peak_rss: int            # bytes: the process's own high-water mark (VmHWM), see run_process
     read_bytes: int          # bytes read from storage (/proc/PID/io), -1 when unknown
     cgroup_peak: int = -1    # bytes (memory.max_usage_in_bytes / memory.peak), -1 without a cap
     stdout: str = ""
@@ -186,10 +186,12 @@ def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float
         r.start()
     timed_out = False
     deadline = None if timeout is None else t0 + timeout
+    hwm = 0
     while True:  # wait for the exit without reaping, so /proc/PID/io is still there
         info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
         if info is not None and info.si_pid == p.pid:
             break
+        hwm = max(hwm, _vm_hwm(p.pid))
         if deadline is not None and time.perf_counter() > deadline and not timed_out:
             timed_out = True
             p.send_signal(signal.SIGKILL)
@@ -206,7 +208,10 @@ def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float
     p.returncode = os.waitstatus_to_exitcode(status)
     for r in readers:
         r.join()
-    peak_rss = ru.ru_maxrss * 1024
+    # ru_maxrss is not the tool's own peak: the child is forked from this (Python) process, and the
+    # kernel carries the pre-exec memory's high-water mark into it. VmHWM counts only the tool's
+    # image; it is polled every 50 ms (monotonic), so a peak in the last 50 ms could be missed.
+    peak_rss = hwm if hwm > 0 else ru.ru_maxrss * 1024
     state = "ok" if p.returncode == 0 else "failed"
     if timed_out:
         state = "timeout"
@@ -218,6 +223,17 @@ def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float
 
 
 # ---- measurements -----------------------------------------------------------------------------
+
+def _vm_hwm(pid: int) -> int:
+    """The process's peak resident set size (bytes) since exec, 0 when unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
 
 @dataclasses.dataclass
 class Run:
@@ -564,30 +580,39 @@ def analyse(res: dict[str, Any], runs: list[Run], info: ModelInfo, bw: dict[str,
                _ratio(_find(runs, "cap", "pp", "longhaul", cold=cold), _find(runs, "cap", "pp", "mmap", cold=cold)),
                1.0)
 
-    # time per generated token: I/O wait, resident compute (the all-cached run), the rest
-    # (synchronization, planning, cache bookkeeping); and the physical bound
-    compute_s = 1.0 / lh_tg.tokens_per_s if lh_tg and lh_tg.tokens_per_s else None
-    breakdown = []
-    for r in runs:
-        if r.hit_rate is None or r.status != "ok" or not r.test.startswith("tg") or not r.tokens_per_s:
-            continue
-        n_timed = r.n_tokens * max(1, round((r.test_s or 0) * r.tokens_per_s / max(r.n_tokens, 1)))
-        per_tok = 1.0 / r.tokens_per_s
-        wait = (r.io_wait_s or 0.0) / max(n_timed, 1)
-        missed = (r.expert_gib_read or 0.0) * GIB / max(n_timed, 1)
-        row: dict[str, Any] = {"scenario": r.scenario, "label": r.label, "routing": r.routing, "cold": r.cold,
-                               "fraction": r.fraction, "tokens_per_s": r.tokens_per_s, "s_per_token": per_tok,
-                               "io_wait_s_per_token": wait, "expert_mib_read_per_token": missed / MIB,
-                               "hit_rate": r.hit_rate}
-        if compute_s is not None:
-            row["compute_s_per_token"] = compute_s
-            row["other_s_per_token"] = max(0.0, per_tok - wait - compute_s)
-        if bw is not None and compute_s is not None:
-            bound = 1.0 / (missed / bw["bytes_per_s"] + compute_s)
-            row["bound_tokens_per_s"] = bound
-            row["of_bound"] = r.tokens_per_s / bound
-        breakdown.append(row)
-    a["generation_time"] = breakdown
+    # time per token: I/O wait (the library's counter), compute (the all-cached run of the same test),
+    # the rest (synchronization, planning, wave overhead); for generation also the physical bound
+    def time_split(test: str, compute: Run | None) -> list[dict[str, Any]]:
+        compute_s = 1.0 / compute.tokens_per_s if compute and compute.tokens_per_s else None
+        rows = []
+        for r in runs:
+            if r.hit_rate is None or r.status != "ok" or not r.test.startswith(test) or not r.tokens_per_s:
+                continue
+            n_timed = r.n_tokens * max(1, round((r.test_s or 0) * r.tokens_per_s / max(r.n_tokens, 1)))
+            per_tok = 1.0 / r.tokens_per_s
+            wait = (r.io_wait_s or 0.0) / max(n_timed, 1)
+            missed = (r.expert_gib_read or 0.0) * GIB / max(n_timed, 1)
+            row: dict[str, Any] = {"scenario": r.scenario, "label": r.label, "routing": r.routing, "cold": r.cold,
+                                   "fraction": r.fraction, "tokens_per_s": r.tokens_per_s, "s_per_token": per_tok,
+                                   "io_wait_s_per_token": wait, "expert_mib_read_per_token": missed / MIB,
+                                   "hit_rate": r.hit_rate}
+            if compute_s is not None:
+                row["compute_s_per_token"] = compute_s
+                row["other_s_per_token"] = max(0.0, per_tok - wait - compute_s)
+                if test == "tg" and bw is not None:
+                    bound = 1.0 / (missed / bw["bytes_per_s"] + compute_s)
+                    row["bound_tokens_per_s"] = bound
+                    row["of_bound"] = r.tokens_per_s / bound
+            rows.append(row)
+        return rows
+
+    a["generation_time"] = breakdown = time_split("tg", lh_tg)
+    a["prompt_time"] = time_split("pp", lh_pp)
+
+    # time to first token from a cold start: the wall time of a cold prompt-only process
+    # (start, load, the whole prompt; the first token's logits are ready at its end)
+    a["ttft_cold"] = [{"label": r.label, "scenario": r.scenario, "n_prompt": r.n_tokens, "seconds": r.wall_s}
+                      for r in runs if r.cold and r.status == "ok" and r.test.startswith("pp") and r.wall_s]
     sweep = [b for b in breakdown if b["scenario"] == "sweep" and "of_bound" in b]
     if sweep:
         worst = min(sweep, key=lambda b: b["of_bound"])
@@ -652,6 +677,21 @@ def markdown(res: dict[str, Any]) -> str:
         met = "-" if t["met"] is None else ("yes" if t["met"] else "**no**")
         detail = f" ({t['detail']})" if t["detail"] else ""
         lines.append(f"| {t['target']}{detail} | {t['goal']:g} | {_fmt(t['measured'], '.2f')} | {met} |")
+    ttft = res["analysis"].get("ttft_cold", [])
+    if ttft:
+        lines += ["", "Time to first token from a cold start (process start, load, the whole prompt; page cache "
+                  "dropped):", "", "| load | prompt tokens | seconds |", "|---|---:|---:|"]
+        for t in ttft:
+            lines.append(f"| {t['scenario']}: {t['label']} | {t['n_prompt']} | {t['seconds']:.1f} |")
+    pt = res["analysis"].get("prompt_time", [])
+    if pt:
+        lines += ["", "Where prompt time goes (ms per prompt token; compute = every expert cached; the sync "
+                  "reads a wave's experts, then its matmuls run: no overlap):", "",
+                  "| run | routing | t/s | I/O wait | compute | other |", "|---|---|---:|---:|---:|---:|"]
+        for b in pt:
+            ms = lambda k: _fmt(None if k not in b else 1000 * b[k], ".2f")  # noqa: E731
+            lines.append(f"| {b['scenario']}: {b['label']} | {b['routing']} | {b['tokens_per_s']:.2f} | "
+                         f"{ms('io_wait_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} |")
     gt = res["analysis"]["generation_time"]
     if gt:
         lines += ["", "Where generation time goes (ms per token; compute = every expert cached):", "",
@@ -717,6 +757,17 @@ def write_reports(res: dict[str, Any], out: Path) -> list[Path]:
     if plot(data, out / "results.png"):
         files.append(out / "results.png")
     return files
+
+
+def rewrite_reports(out: Path) -> list[Path]:
+    """Re-derive the analysis and the reports of an earlier run from its results.json (no measurement)."""
+    data = json.loads((out / "results.json").read_text())
+    fields = {f.name for f in dataclasses.fields(Run)}
+    runs = [Run(**{k: v for k, v in r.items() if k in fields}) for r in data["runs"]]
+    info = inspect_model(Path(data["model"]["path"]))
+    data["analysis"] = analyse(data, runs, info, data.get("read_bandwidth"))
+    data["runs"] = runs
+    return write_reports(data, out)
 
 
 def parse_fractions(text: str) -> tuple[float, ...]:
