@@ -97,15 +97,19 @@ def cycle():
             ctx.decode(m.tokenize("leak check"))
 for _ in range(20):
     cycle()
-before = rss()
-for _ in range(180):
-    cycle()
-print(rss() - before)
+for _ in range(3):  # three windows of 100 cycles
+    before = rss()
+    for _ in range(100):
+        cycle()
+    print(rss() - before)
 """
 
 
-def test_no_leak_over_200_open_close_cycles(model) -> None:
-    r = subprocess.run([sys.executable, "-c", LEAK_SCRIPT, str(model)], capture_output=True, text=True, timeout=600)
+def test_no_leak_over_open_close_cycles(model) -> None:
+    """320 open/close cycles of a longhaul model. The allocator moves RSS by several MiB either way
+    between windows (measured: -2.6 .. +8.5 MiB over 180 cycles, -1.3 over 540), so a leak is growth
+    in every window: the smallest of three 100-cycle windows must stay under 2 MiB (20 KiB a cycle)."""
+    r = subprocess.run([sys.executable, "-c", LEAK_SCRIPT, str(model)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    growth = int(r.stdout.split()[-1])
-    assert growth < 8 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over 180 model open/close cycles"
+    growth = [int(x) for x in r.stdout.split()[-3:]]
+    assert min(growth) < 2 * 2**20, f"RSS grew in every 100-cycle window: {[g / 2**20 for g in growth]} MiB"
