@@ -83,6 +83,7 @@ def series_id() -> str:
 
 
 def cache_dir() -> Path:
+    # the same rule as the package's longhaul_cpp.paths.cache_dir (this tool runs before it is built)
     env = os.environ.get("LONGHAUL_CACHE_DIR")
     if env:
         return Path(env)
@@ -123,9 +124,13 @@ def fetch(pin: dict) -> Path:
     candidates = [[sys.executable, "-m", "pip"]]
     if shutil.which("pip"):
         candidates.append([shutil.which("pip")])
+    # Inside pip's isolated build environment (pip install .) PYTHONPATH points at the build
+    # overlay and a sitecustomize hides the interpreter's own site-packages, pip included:
+    # run pip with the interpreter's ordinary environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
     errors = []
     for pip in candidates:
-        proc = subprocess.run([*pip, *args], capture_output=True, text=True)
+        proc = subprocess.run([*pip, *args], capture_output=True, text=True, env=env)
         if proc.returncode == 0 and archive.exists():
             break
         errors.append(f"{' '.join(pip)}: {proc.stderr.strip()[-2000:]}")
