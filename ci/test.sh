@@ -10,6 +10,10 @@ bash ci/setup.sh
 # ccache: paths below the checkout are hashed relative to it, so a fresh clone in
 # another folder (as CI makes) hits the cache of an earlier build
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+# a build in another folder (ci/test-x86-64-v3.sh): the tests take upstream's binaries from there
+if [ -n "${SKBUILD_BUILD_DIR:-}" ]; then
+    export LONGHAUL_UPSTREAM_BIN="$PWD/$SKBUILD_BUILD_DIR/bin"
+fi
 
 start=$(date +%s)
 log=$(mktemp)

@@ -50,7 +50,10 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert full_tg["hit_rate"] == 1.0 and full_tg["expert_gib_read"] == 0  # warm: the prompt filled the cache
     targets = {t["target"]: t for t in res["analysis"]["targets"]}
     ratio = targets["every expert cached: generation / resident (same layout)"]
-    assert ratio["measured"] is not None and ratio["met"] in (True, False)
+    # the target is the ratio of the two runs it names, judged against its goal (no speed is asserted)
+    plain_tg = [x for x in runs if x["scenario"] == "resident" and x["test"] == "tg8" and "plain" in x["label"]][0]
+    assert ratio["measured"] == pytest.approx(full_tg["tokens_per_s"] / plain_tg["tokens_per_s"], rel=1e-6)
+    assert ratio["met"] == (ratio["measured"] >= ratio["goal"])
     md = (out / "results.md").read_text()
     assert "| sweep | longhaul 0.25 of experts |" in md and "| target |" in md
     assert "Where prompt time goes" in md and "Where generation time goes" in md
@@ -83,18 +86,22 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
 
 def test_run_process_reports_io_and_rss(tmp_path) -> None:
     f = tmp_path / "blob"
-    f.write_bytes(os.urandom(4 * 2**20))
+    with open(f, "wb") as fh:
+        fh.write(os.urandom(4 * 2**20))
+        fh.flush()
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache: the child reads the disk
     res = run_process([sys.executable, "-c", f"open({str(f)!r}, 'rb').read(); x = bytearray(64 * 2**20); "
                        "x[::4096] = b'1' * len(x[::4096]); import time; time.sleep(0.3)"])
     assert res.status == "ok" and res.returncode == 0
     assert res.peak_rss >= 64 * 2**20
+    assert res.read_bytes >= 4 * 2**20  # /proc/PID/io of the child, read before it is reaped
     # the tool's own peak, not this process's: a child forked from a big parent is not charged for it
     big = bytearray(300 * 2**20)
     big[::4096] = b"1" * len(big[::4096])
     small = run_process([sys.executable, "-c", "import time; time.sleep(0.3)"])
     assert small.peak_rss < 100 * 2**20, small.peak_rss
     del big
-    assert res.read_bytes >= 0  # 0 when the file is still in the page cache
     bad = run_process([sys.executable, "-c", "import sys; sys.exit(3)"])
     assert bad.status == "failed" and bad.returncode == 3
     slow = run_process([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)

@@ -101,11 +101,31 @@ def test_missing_file_is_file_not_found(tmp_path) -> None:
 
 
 def test_closed_model_raises(model_path) -> None:
+    """Every call on a closed model raises instead of touching freed memory; its contexts close with it."""
     m = Model(model_path)
+    ctx = m.context(n_ctx=128)
     m.close()
-    with pytest.raises(LlamaError, match="closed"):
-        m.tokenize("x")
+    for call in (lambda: m.tokenize("x"), lambda: m.token_to_piece(5), lambda: m.is_eog(2), lambda: m.n_vocab,
+                 lambda: m.detokenize([5]), lambda: m.longhaul_stats(), lambda: m.context()):
+        with pytest.raises(LlamaError, match="the model is closed"):
+            call()
+    with pytest.raises(LlamaError, match="the context is closed"):
+        ctx.decode([5])
     m.close()  # idempotent
+
+
+def test_contexts_are_tracked_weakly(model_path) -> None:
+    """A context dropped without close() is freed by garbage collection (the same close()), and the
+    model does not keep it alive."""
+    import gc
+    import weakref
+
+    with Model(model_path) as m:
+        ctx = m.context(n_ctx=128)
+        ref = weakref.ref(ctx)
+        del ctx
+        gc.collect()
+        assert ref() is None and len(m._contexts) == 0
 
 
 def test_library_log_goes_to_python_logging(model_path, caplog) -> None:

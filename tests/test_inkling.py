@@ -125,7 +125,7 @@ def small_shape_spec(**kw) -> SyntheticSpec:
 
 
 def _budget(spec: SyntheticSpec, slots: int) -> str:
-    return f"{slots * spec.expert_bytes() * len(spec.moe_layers())}B"
+    return f"{spec.budget_for(slots)}B"
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -180,6 +180,6 @@ def test_longhaul_inkling_budget_plan(make_model) -> None:
     assert info.supported and info.arch == "inkling"
     assert set(info.expert_bytes) == set(spec.moe_layers())
     assert all(b == spec.expert_bytes() for b in info.expert_bytes.values())
-    seven, five = (slots * spec.expert_bytes() * len(spec.moe_layers()) for slots in (7, 5))
+    seven, five = (spec.budget_for(slots) for slots in (7, 5))
     assert info.stages(seven) == 1 and info.effective_ubatch(seven) == 512
     assert info.stages(five) == 2 and info.effective_ubatch(five) == 1

@@ -2,11 +2,13 @@
 through the Python binding and through the rebuilt llama-completion; split == single file."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, tool_path
-from longhaul_cpp.synthetic import shard_paths
+from longhaul_cpp.paths import shard_list, shard_paths
 
 from conftest import run
 
@@ -98,8 +100,9 @@ def test_generation_is_deterministic_from_the_seed(tmp_path) -> None:
 
 
 def test_split_names_follow_llama_split_path() -> None:
-    assert [p.name for p in shard_paths("/x/m.gguf", 3)] == [
-        "m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+    names = shard_paths("/x/m.gguf", 3)
+    assert [p.name for p in names] == ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf", "m-00003-of-00003.gguf"]
+    assert shard_list(names[0]) == names and shard_list("/x/m.gguf") == [Path("/x/m.gguf")]
 
 
 def test_missing_shard_is_an_error_not_a_crash(make_model, tmp_path) -> None:

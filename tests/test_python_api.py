@@ -54,7 +54,7 @@ def test_info_matches_the_library(make_model) -> None:
     assert info.arch == "laguna" and info.supported and len(info.shards) == 3
     assert set(info.expert_bytes) == set(spec.moe_layers())
     assert all(b == spec.expert_bytes() for b in info.expert_bytes.values())
-    assert info.min_budget == spec.expert_bytes() * len(spec.moe_layers())
+    assert info.min_budget == spec.budget_for(1)
     budget = info.min_budget * 3 + 5  # 3 slots per layer: fewer than top-4, staged
     with Model(paths[0], load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as m:
         stats = m.longhaul_stats()

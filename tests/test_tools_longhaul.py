@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import re
 import signal
@@ -16,34 +17,44 @@ import pytest
 
 from longhaul_cpp import SyntheticSpec, tool_path
 
-from conftest import ROOT, run
+from conftest import ROOT, TOOL_ENV_PLAIN_EXPERTS, run
 
 PROMPT = "Longhaul streams routed experts from the file into a fixed-budget cache."
 
 
+MODEL = SyntheticSpec(arch="qwen35moe", expert_type="q8_0", weight_type="f32")
+SPLIT_MODEL = SyntheticSpec(arch="laguna", expert_type="q4_0", weight_type="f32")
+
+
+def gib(n_bytes: int) -> str:
+    """`--longhaul-cache` takes GiB: n / 2^30 prints and parses back to exactly n bytes."""
+    return repr(n_bytes / 2**30)
+
+
 @pytest.fixture(scope="module")
 def model(make_model) -> Path:
-    return make_model(arch="qwen35moe", expert_type="q8_0", weight_type="f32")[0]
+    return make_model(**dataclasses.asdict(MODEL))[0]
 
 
 @pytest.fixture(scope="module")
 def split_model(make_model) -> Path:
-    return make_model(n_shards=3, arch="laguna", expert_type="q4_0", weight_type="f32")[0]
+    return make_model(n_shards=3, **dataclasses.asdict(SPLIT_MODEL))[0]
 
 
-def tool(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return run([str(tool_path(name)), *args], timeout=timeout, stdin=subprocess.DEVNULL)
+def tool(name: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return run([str(tool_path(name)), *args], timeout=timeout, stdin=subprocess.DEVNULL, env=env)
 
 
-def completion(path: Path, *extra: str) -> subprocess.CompletedProcess:
+def completion(path: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return tool("llama-completion", "-m", str(path), "-p", PROMPT, "-n", "24", "--temp", "0", "-no-cnv",
-                "--no-display-prompt", "-t", "2", "-c", "512", *extra)
+                "--no-display-prompt", "-t", "2", "-c", "512", *extra, env=env)
 
 
-@pytest.mark.parametrize("budget", ["2", "0.00012"])  # every expert cached; 2 slots for qwen35moe (2 stages)
-def test_completion_longhaul_equals_normal(model, split_model, budget) -> None:
-    for path in (model, split_model):
-        ref = completion(path, "--n-gpu-layers", "0")
+@pytest.mark.parametrize("slots", ["all", 2])  # every expert cached; 2 slots (below k: 2 stages per token)
+def test_completion_longhaul_equals_normal(model, split_model, slots) -> None:
+    for path, spec in ((model, MODEL), (split_model, SPLIT_MODEL)):
+        budget = gib(spec.budget_for(spec.n_expert if slots == "all" else slots))
+        ref = completion(path, "--n-gpu-layers", "0", env=TOOL_ENV_PLAIN_EXPERTS)  # longhaul's kernels
         lh = completion(path, "--longhaul", "--longhaul-cache", budget, "--n-gpu-layers", "0")
         assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]
         assert lh.stdout == ref.stdout and len(lh.stdout.strip()) > 0
@@ -69,7 +80,7 @@ def test_environment_variables(model) -> None:
 def test_cli_spec_command(model) -> None:
     """llama-cli --model M --longhaul --longhaul-cache 2 --n-gpu-layers 0 (one turn, greedy)."""
     args = ["--model", str(model), "--n-gpu-layers", "0", "-p", "hello", "-n", "16", "-st", "--temp", "0", "-t", "2"]
-    ref = tool("llama-cli", *args)
+    ref = tool("llama-cli", *args, env=TOOL_ENV_PLAIN_EXPERTS)  # longhaul's kernels
     lh = tool("llama-cli", "--model", str(model), "--longhaul", "--longhaul-cache", "2", *args[2:])
     assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]
     answer = lambda out: out.split(b"> hello", 1)[1].split(b"[ Prompt:", 1)[0]  # noqa: E731
@@ -172,11 +183,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(path: Path, *extra: str):
+def server(path: Path, *extra: str, env: dict[str, str] | None = None):
     port = _free_port()
     proc = subprocess.Popen([str(tool_path("llama-server")), "-m", str(path), "--host", "127.0.0.1", "--port", str(port),
                              "-c", "4096", "-np", "4", "-t", "2", "--n-gpu-layers", "0", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -218,7 +229,7 @@ def _concurrent(base: str) -> list[str]:
 
 
 def test_server_concurrent_clients_match_normal_load(model) -> None:
-    with server(model) as base:
+    with server(model, env=TOOL_ENV_PLAIN_EXPERTS) as base:  # longhaul's kernels
         ref = _concurrent(base)
     with server(model, "--longhaul", "--longhaul-cache", "2", "--metrics") as base:
         got = _concurrent(base)

@@ -1,6 +1,8 @@
 """The pin materializes, the series applies as commits on `upstream`, export round-trips."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import pytest
 from conftest import ROOT, run
 
 TOOL = [sys.executable, str(ROOT / "vendor" / "longhaul_vendor.py")]
+PIN = json.loads((ROOT / "vendor" / "pin.json").read_text())
 
 
 def git(repo: Path, *args: str) -> str:
@@ -33,7 +36,7 @@ def test_materialize_commits_pin_then_series(fork: Path) -> None:
     assert (fork / "include" / "llama.h").is_file()
     assert git(fork, "rev-list", "--count", "upstream") == "1"
     first = git(fork, "log", "--format=%B", "-1", "upstream")
-    assert "0c1e570" in first and "llama-cpp-python==0.3.36" in first
+    assert PIN["upstream_commit"] in first and f"{PIN['package']}=={PIN['version']}" in first
     n_patches = len(list((ROOT / "patches").glob("*.patch")))
     assert int(git(fork, "rev-list", "--count", "upstream..HEAD")) == n_patches
     assert git(fork, "status", "--porcelain") == ""
@@ -106,12 +109,12 @@ def test_patch_that_does_not_apply_is_named(fork: Path, tmp_path: Path) -> None:
 
 
 def test_checksum_is_verified(tmp_path: Path) -> None:
-    fake = tmp_path / "llama_cpp_python-0.3.36.tar.gz"
+    fake = tmp_path / PIN["archive"]
     fake.write_bytes(b"not the pinned sdist")
     env = {"LONGHAUL_UPSTREAM_SOURCE": str(fake), "PATH": "/usr/bin:/bin"}
     r = vendor("materialize", "--fork", str(tmp_path / "llama.cpp"), env=env)
     assert r.returncode == 1
-    assert "sha256" in r.stderr and "832db069" in r.stderr
+    assert "sha256" in r.stderr and PIN["sha256"] in r.stderr
 
 
 def test_sdist_carries_the_pin_and_the_series_not_the_source(tmp_path: Path) -> None:
@@ -128,3 +131,31 @@ def test_sdist_carries_the_pin_and_the_series_not_the_source(tmp_path: Path) -> 
     patches = {f"patches/{p.name}" for p in (ROOT / "patches").glob("*.patch")}
     assert patches and patches <= names
     assert not any(n.startswith("vendor/llama.cpp/") for n in names)
+
+
+def test_download_works_inside_an_isolated_build_environment(tmp_path: Path) -> None:
+    """`pip install .` runs CMake, and so this tool, inside pip's isolated build environment, where
+    PYTHONPATH points at the build overlay and the interpreter's own pip cannot be imported: the
+    download must still find pip (it failed this way on a fresh machine). A fake `pip` module on
+    PYTHONPATH stands in for the overlay; the pinned sdist is served from a local folder."""
+    sys.path.insert(0, str(ROOT / "vendor"))
+    import longhaul_vendor
+
+    pin = longhaul_vendor.load_pin()
+    source = longhaul_vendor.fetch(pin)  # the build already has it in the cache
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / source.name).symlink_to(source)
+    overlay = tmp_path / "overlay" / "pip"
+    overlay.mkdir(parents=True)
+    (overlay / "__init__.py").write_text("raise ImportError('hidden by the isolated build environment')\n")
+    (overlay / "__main__.py").write_text("raise ImportError('hidden by the isolated build environment')\n")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(overlay.parent), "PYTHONNOUSERSITE": "1",
+           "LONGHAUL_CACHE_DIR": str(cache), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
+    env.pop("LONGHAUL_UPSTREAM_SOURCE", None)
+    r = run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import longhaul_vendor as v; "
+             "print(v.fetch(v.load_pin()))", str(ROOT / "vendor")], text=True, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert Path(r.stdout.strip()) == cache / "sdist" / pin["archive"]
+    assert (cache / "sdist" / pin["archive"]).stat().st_size == source.stat().st_size

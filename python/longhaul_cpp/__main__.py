@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from .paths import cache_dir, shard_paths
 from .synthetic import ARCHS, TYPES, SyntheticSpec, generate
 
 
@@ -77,18 +78,10 @@ def _spec_from(args: argparse.Namespace) -> SyntheticSpec:
     return SyntheticSpec(**{k: v for k, v in vars(args).items() if k in fields})
 
 
-def _models_dir() -> Path:
-    env = os.environ.get("LONGHAUL_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "longhaul-cpp"
-    return base / "models"
-
-
 def cached_model(spec: SyntheticSpec, n_shards: int = 1, progress: bool = True) -> list[Path]:
     """Generate `spec` once into the cache directory and return its file(s)."""
     key = hashlib.sha256(json.dumps([dataclasses.asdict(spec), n_shards], sort_keys=True).encode()).hexdigest()[:12]
-    path = _models_dir() / f"{spec.arch}-{key}.gguf"
-    from .synthetic import shard_paths
-
+    path = cache_dir("models") / f"{spec.arch}-{key}.gguf"
     paths = shard_paths(path, n_shards)
     if all(p.is_file() for p in paths):
         return paths
@@ -125,7 +118,7 @@ def _generate_timed(model, prompt: str, n_predict: int) -> tuple[list[int], floa
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .longhaul import parse_cache_size
+    from .longhaul import parse_cache_size, plain_expert_banks
     from .model import LoadMode, Model
 
     if args.model:
@@ -136,15 +129,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         path = cached_model(spec)[0]
         print(f"model: {path}\n  synthetic {spec.arch}, {spec.n_layer} layers, {spec.n_expert} experts (top-"
               f"{spec.n_expert_used}), {spec.expert_type} experts, "
-              f"{spec.expert_bytes() * spec.n_expert * len(spec.moe_layers()) / 2**20:.1f} MiB of routed experts")
+              f"{spec.budget_for(spec.n_expert) / 2**20:.1f} MiB of routed experts")
     if args.longhaul_cache is not None:
         budget = parse_cache_size(args.longhaul_cache)
     elif spec is not None:
-        budget = spec.expert_bytes() * len(spec.moe_layers()) * max(spec.n_expert_used, spec.n_expert // 4)
+        budget = spec.budget_for(max(spec.n_expert_used, spec.n_expert // 4))
     else:
         raise ValueError("--longhaul-cache is required with --model")
 
-    with Model(path, load_mode=LoadMode.NONE, n_gpu_layers=0) as model:
+    # the normal load with longhaul's kernels (expert banks in the plain layout): identical tokens
+    # are then expected on any CPU, whatever its repacked kernels do
+    with plain_expert_banks(), Model(path, load_mode=LoadMode.NONE, n_gpu_layers=0) as model:
         ref, tp, tg, n_prompt = _generate_timed(model, args.prompt, args.n_predict)
     print(f"normal load:   prompt {n_prompt / tp:8.1f} tokens/s, generation {len(ref) / max(tg, 1e-9):8.1f} tokens/s")
 
@@ -164,7 +159,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .longhaul import parse_cache_size
-    from .modelinfo import SUPPORTED_ARCHS, inspect_model
+    from .longhaul import SUPPORTED_ARCHS
+    from .modelinfo import inspect_model
 
     info = inspect_model(args.model)
     mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731

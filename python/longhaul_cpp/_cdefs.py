@@ -25,6 +25,9 @@ enum ggml_type { GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_
 
 void   ggml_backend_load_all_from_path(const char * dir_path);
 size_t ggml_backend_dev_count(void);
+ggml_backend_dev_t ggml_backend_dev_get(size_t index);
+ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device);
+const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
 ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
 
 // ---- llama.h ----

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .modelinfo import ModelInfo, inspect_model
+from .paths import cache_dir
 from .synthetic import SyntheticSpec
 
 GIB = 1024**3
@@ -51,9 +52,7 @@ class BenchError(RuntimeError):
 # ---- models -----------------------------------------------------------------------------------
 
 def bench_dir() -> Path:
-    env = os.environ.get("LONGHAUL_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "longhaul-cpp"
-    return base / "bench"
+    return cache_dir("bench")
 
 
 def bench_model(name: str, routing: str, progress: Callable[[int, int], None] | None = None) -> Path:
@@ -343,7 +342,7 @@ def warm_page_cache(path: Path) -> None:
 
 
 def _shards(path: Path) -> list[Path]:
-    from .modelinfo import shard_list
+    from .paths import shard_list
 
     return shard_list(path)
 

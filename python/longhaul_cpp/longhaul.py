@@ -1,9 +1,37 @@
-"""Longhaul helpers: cache budget parsing and the cache statistics dataclasses."""
+"""Longhaul helpers: cache budget parsing, the cache statistics dataclasses, the plain-experts reference load."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
+from collections.abc import Iterator
 from typing import Any
+
+# The architectures the longhaul load mode supports (the library's llama_longhaul::supported_archs; the
+# synthetic-model generator makes each of them)
+SUPPORTED_ARCHS = ("qwen35moe", "laguna", "inkling", "qwen3moe")
+
+# A normal load with this environment variable set keeps the routed expert banks in the plain CPU
+# layout, as longhaul's slots hold them, and every other weight in the optimized (repacked) buffer
+# types as usual: it runs exactly longhaul's kernels, the exact reference for its output on any CPU.
+# (A `-ot ffn_.*_exps=CPU` override does not do this: an override to the CPU still repacks.)
+PLAIN_EXPERTS_ENV = "LLAMA_LONGHAUL_PLAIN_EXPERTS"
+
+
+@contextlib.contextmanager
+def plain_expert_banks() -> Iterator[None]:
+    """Models loaded inside keep their routed expert banks in the plain CPU layout (PLAIN_EXPERTS_ENV)."""
+    old = os.environ.get(PLAIN_EXPERTS_ENV)
+    os.environ[PLAIN_EXPERTS_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[PLAIN_EXPERTS_ENV]
+        else:
+            os.environ[PLAIN_EXPERTS_ENV] = old
+
 
 _UNITS = {"": 2**30, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
           "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,10 @@ from ._lib import LlamaError, ffi, lib, log_mark, raise_error
 from .longhaul import LayerStats, LonghaulStats, parse_cache_size
 
 
-class LoadMode(enum.IntEnum):
-    """Mirrors `enum llama_load_mode`."""
-
-    AUTO = -1
-    NONE = 0
-    MMAP = 1
-    MLOCK = 2
-    MMAP_MLOCK = 3
-    DIRECT_IO = 4
-    LONGHAUL = 5
+# `enum llama_load_mode` of the binding (AUTO, NONE, MMAP, MLOCK, MMAP_MLOCK, DIRECT_IO, LONGHAUL)
+LoadMode = enum.IntEnum("LoadMode", {name[len("LLAMA_LOAD_MODE_"):]: value for value, name in
+                                     sorted(ffi.typeof("enum llama_load_mode").elements.items())})
+LoadMode.__doc__ = "Mirrors `enum llama_load_mode` (taken from the binding's declaration)."
 
 
 def _set_fields(struct: Any, kind: str, values: dict[str, Any]) -> None:
@@ -35,12 +30,34 @@ def _set_fields(struct: Any, kind: str, values: dict[str, Any]) -> None:
         setattr(struct, key, value)
 
 
+def _buft_overrides(overrides: Mapping[str, str]) -> tuple[Any, list[Any]]:
+    """`{tensor name regex: buffer type name}` as a NULL-terminated `llama_model_tensor_buft_override`
+    array (like `-ot PATTERN=BUFT`); returns the array and the buffers it points into."""
+    L = lib()
+    bufts = {}
+    for i in range(L.ggml_backend_dev_count()):
+        buft = L.ggml_backend_dev_buffer_type(L.ggml_backend_dev_get(i))
+        bufts[ffi.string(L.ggml_backend_buft_name(buft)).decode()] = buft
+    arr = ffi.new("struct llama_model_tensor_buft_override[]", len(overrides) + 1)
+    keep = []
+    for i, (pattern, name) in enumerate(overrides.items()):
+        if name not in bufts:
+            raise ValueError(f"unknown buffer type '{name}' for tensor pattern '{pattern}'; "
+                             f"available: {', '.join(sorted(bufts))}")
+        keep.append(ffi.new("char[]", pattern.encode()))
+        arr[i].pattern = keep[-1]
+        arr[i].buft = bufts[name]
+    return arr, keep
+
+
 class Model:
     """A GGUF model loaded by libllama.
 
     Keyword arguments are fields of `llama_model_params` (n_gpu_layers, load_mode,
     use_extra_bufts, ...). `longhaul_cache` is the expert cache budget of
     LoadMode.LONGHAUL: GiB as a number, or a string with a unit ("2GiB", "512MiB").
+    `tensor_buft_overrides` also takes a dict `{tensor name regex: buffer type name}`,
+    like `-ot`: `{"ffn_.*_exps": "CPU"}` keeps the expert banks in the plain CPU layout.
     Split models load from the first shard's path.
     Use as a context manager, or call close(), to free it deterministically.
     """
@@ -48,6 +65,7 @@ class Model:
     def __init__(self, path: str | os.PathLike[str], *, load_mode: LoadMode = LoadMode.AUTO,
                  longhaul_cache: float | int | str | None = None, n_gpu_layers: int = 0, **params: Any) -> None:
         self._ptr = ffi.NULL
+        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()  # closed with the model
         self.path = Path(path)
         load_mode = LoadMode(load_mode)
         if load_mode == LoadMode.LONGHAUL:
@@ -59,20 +77,24 @@ class Model:
             raise ValueError("longhaul_cache is only used with load_mode=LoadMode.LONGHAUL")
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
+        keep: list[Any] = []  # buffers the params point into, alive until the load returns
+        if isinstance(params.get("tensor_buft_overrides"), Mapping):
+            params["tensor_buft_overrides"], keep = _buft_overrides(params["tensor_buft_overrides"])
         L = lib()
         p = L.llama_model_default_params()
         _set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})
         mark = log_mark()
         ptr = L.llama_model_load_from_file(os.fsencode(self.path), p)
+        del keep  # the loader copied what it needs
         if ptr == ffi.NULL:
             raise_error(f"failed to load model {self.path}", mark)
         self._ptr = ptr
-        self._vocab = L.llama_model_get_vocab(ptr)
-        self._contexts: list[Context] = []
+        self._vocab_ptr = L.llama_model_get_vocab(ptr)
 
     # -- lifetime --
     def close(self) -> None:
-        for ctx in self._contexts:
+        """Free the model and every context still open on it (also what garbage collection does)."""
+        for ctx in list(self._contexts):
             ctx.close()
         self._contexts.clear()
         if self._ptr != ffi.NULL:
@@ -97,10 +119,14 @@ class Model:
             raise LlamaError("the model is closed")
         return self._ptr
 
+    @property
+    def _vocab(self) -> Any:
+        self.ptr  # raises once closed: the vocabulary belongs to the model
+        return self._vocab_ptr
+
     # -- metadata --
     @property
     def n_vocab(self) -> int:
-        self.ptr
         return int(lib().llama_vocab_n_tokens(self._vocab))
 
     @property
@@ -138,13 +164,13 @@ class Model:
         if n == 0:
             raise LlamaError("the model is not loaded in longhaul mode (load_mode=LoadMode.LONGHAUL)")
         s = ffi.new("struct llama_longhaul_stats *")
-        L.llama_model_longhaul_stats(self.ptr, -1, s)
-        total = LayerStats.from_c(s)
-        layers = []
-        for i in range(n):
-            L.llama_model_longhaul_stats(self.ptr, i, s)
-            layers.append(LayerStats.from_c(s))
-        return LonghaulStats(total=total, layers=layers)
+
+        def read(i: int) -> LayerStats:
+            if not L.llama_model_longhaul_stats(self.ptr, i, s):
+                raise LlamaError(f"llama_model_longhaul_stats failed for layer index {i} of {n}")
+            return LayerStats.from_c(s)
+
+        return LonghaulStats(total=read(-1), layers=[read(i) for i in range(n)])
 
     def longhaul_stats_reset(self) -> None:
         lib().llama_model_longhaul_stats_reset(self.ptr)
@@ -155,7 +181,6 @@ class Model:
         L = lib()
         cap = len(data) + 8
         buf = ffi.new("llama_token[]", cap)
-        self.ptr  # raises once closed
         n = L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
         if n < 0:
             cap = -n
@@ -180,7 +205,6 @@ class Model:
         toks = ffi.cast("llama_token *", ffi.from_buffer(arr)) if len(arr) else ffi.NULL
         cap = max(16, len(arr) * 8)
         buf = ffi.new("char[]", cap)
-        self.ptr  # raises once closed
         n = L.llama_detokenize(self._vocab, toks, len(arr), buf, cap, False, False)
         if n < 0:
             cap = -n
@@ -195,7 +219,7 @@ class Model:
     def context(self, **params: Any) -> Context:
         """A new context; keyword arguments are fields of `llama_context_params` (n_ctx, n_ubatch, ...)."""
         ctx = Context(self, **params)
-        self._contexts.append(ctx)
+        self._contexts.add(ctx)
         return ctx
 
 
@@ -230,6 +254,12 @@ class Context:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
     @property
     def ptr(self) -> Any:

@@ -12,9 +12,10 @@ import dataclasses
 import re
 from pathlib import Path
 
-SUPPORTED_ARCHS = ("qwen35moe", "laguna", "inkling", "qwen3moe")
+from .longhaul import SUPPORTED_ARCHS
+from .paths import shard_list
+
 _BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
-_SPLIT = re.compile(r"^(.*)-(\d{5})-of-(\d{5})\.gguf$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,16 +63,6 @@ class ModelInfo:
     def stages(self, budget: int) -> int:
         s = min(self.slots(budget).values(), default=0)
         return -(-self.n_expert_used // s) if s > 0 else 0
-
-
-def shard_list(path: str | Path) -> list[Path]:
-    """All shards of a split model given its first shard (or the file itself)."""
-    path = Path(path)
-    m = _SPLIT.match(path.name)
-    if not m:
-        return [path]
-    n = int(m.group(3))
-    return [path.with_name(f"{m.group(1)}-{i:05d}-of-{n:05d}.gguf") for i in range(1, n + 1)]
 
 
 def inspect_model(path: str | Path) -> ModelInfo:

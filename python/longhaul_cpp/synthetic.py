@@ -20,7 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = ("qwen3moe", "qwen35moe", "laguna", "inkling")
+from .longhaul import SUPPORTED_ARCHS
+from .paths import shard_paths
+
+ARCHS = SUPPORTED_ARCHS  # every arch longhaul supports
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 
 # byte-level SPM vocabulary: <unk>, <s>, </s>, then one token per byte
@@ -105,6 +108,10 @@ class SyntheticSpec:
     def expert_bytes(self) -> int:
         """Bytes of one routed expert (gate + up + down) of one layer, in the file."""
         return 3 * _row_bytes(self.expert_type, self.n_embd, self.n_ff_exp)
+
+    def budget_for(self, slots: int) -> int:
+        """The longhaul budget in bytes that gives every routed MoE layer exactly `slots` slots."""
+        return slots * self.expert_bytes() * len(self.moe_layers())
 
 
 def _row_bytes(t: str, ne0: int, n_rows: int) -> int:
@@ -384,15 +391,6 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_add_space_prefix(False)
-
-
-def shard_paths(path: str | Path, n_shards: int) -> list[Path]:
-    """File names llama.cpp expects for a split model: {stem}-0000i-of-0000N.gguf."""
-    path = Path(path)
-    if n_shards <= 1:
-        return [path]
-    stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
-    return [path.with_name(f"{stem}-{i:05d}-of-{n_shards:05d}.gguf") for i in range(1, n_shards + 1)]
 
 
 def generate(spec: SyntheticSpec, path: str | Path, *, n_shards: int = 1,
