@@ -2,6 +2,7 @@
 reads their counters and writes its reports. No speed is asserted (these machines are noisy)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -10,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run
-from longhaul_cpp.bench import MemoryCap, parse_fractions, run_process
+from longhaul_cpp import SyntheticSpec
+from longhaul_cpp.bench import MemoryCap, Run, parse_fractions, run_process
+from longhaul_cpp.bench.runner import gib_arg
 
 BENCH = [sys.executable, "-m", "longhaul_cpp", "bench"]
 
@@ -25,8 +28,11 @@ def _can_cap() -> bool:
         return False
 
 
+TINY = SyntheticSpec(arch="qwen35moe", n_expert=16, n_expert_used=4, expert_type="q8_0")
+
+
 def _tiny(make_model) -> Path:
-    return make_model(arch="qwen35moe", n_expert=16, n_expert_used=4, expert_type="q8_0")[0]
+    return make_model(**dataclasses.asdict(TINY))[0]
 
 
 def test_bench_smoke(make_model, tmp_path) -> None:
@@ -42,16 +48,20 @@ def test_bench_smoke(make_model, tmp_path) -> None:
         ("allcached", "pp32"), ("allcached", "tg8"),
         ("sweep", "pp32"), ("sweep", "tg8"), ("sweep", "pp32"), ("sweep", "tg8")]
     assert all(x["status"] == "ok" and x["tokens_per_s"] > 0 and x["peak_rss_gib"] > 0 for x in runs)
-    lh = [x for x in runs if x["budget_gib"] is not None]
+    lh = [x for x in runs if x["budget_bytes"] is not None]
+    assert all(x["load"] == "longhaul" for x in lh) and {x["load"] for x in runs} == {"normal", "longhaul"}
     assert all(x["hit_rate"] is not None and x["expert_gib_read"] is not None for x in lh)
     quarter = [x for x in lh if x["fraction"] == 0.25]
+    # budgets are whole slots per layer, in bytes, passed to the library exactly
+    assert {x["budget_bytes"] for x in quarter} == {TINY.budget_for(4)}
+    assert {x["budget_bytes"] for x in lh if x["scenario"] == "allcached"} == {TINY.budget_for(16)}
     assert quarter[0]["expert_gib_read"] > 0  # a quarter of the experts cannot hold a prompt's working set
     full_tg = [x for x in lh if x["scenario"] == "allcached" and x["test"] == "tg8"][0]
     assert full_tg["hit_rate"] == 1.0 and full_tg["expert_gib_read"] == 0  # warm: the prompt filled the cache
     targets = {t["target"]: t for t in res["analysis"]["targets"]}
     ratio = targets["every expert cached: generation / resident (same layout)"]
     # the target is the ratio of the two runs it names, judged against its goal (no speed is asserted)
-    plain_tg = [x for x in runs if x["scenario"] == "resident" and x["test"] == "tg8" and "plain" in x["label"]][0]
+    plain_tg = [x for x in runs if x["scenario"] == "resident" and x["test"] == "tg8" and x["layout"] == "plain"][0]
     assert ratio["measured"] == pytest.approx(full_tg["tokens_per_s"] / plain_tg["tokens_per_s"], rel=1e-6)
     assert ratio["met"] == (ratio["measured"] >= ratio["goal"])
     md = (out / "results.md").read_text()
@@ -73,7 +83,7 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
     capped = [x for x in res["runs"] if x["scenario"] == "cap"]
-    assert {x["label"].split(",")[0] for x in capped} >= {"mmap", "normal"}
+    assert {x["load"] for x in capped} == {"mmap", "normal", "longhaul"}
     assert all(x["cap_gib"] == 0.5 and x["status"] == "ok" for x in capped)
     assert all(0 < x["cgroup_peak_gib"] <= 0.5 for x in capped)
     cold = [x for x in capped if x["cold"]]
@@ -81,7 +91,7 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     # a cold longhaul run reads its experts from the file: the library's counter sees them
     assert any(x["expert_gib_read"] and x["expert_gib_read"] > 0 for x in cold)
     ttft = res["analysis"]["ttft_cold"]
-    assert {t["label"].split(",")[0] for t in ttft} >= {"mmap"} and all(t["seconds"] > 0 for t in ttft)
+    assert {t["load"] for t in ttft} == {"mmap", "longhaul"} and all(t["seconds"] > 0 for t in ttft)
 
 
 def test_run_process_reports_io_and_rss(tmp_path) -> None:
@@ -112,3 +122,20 @@ def test_budget_fractions() -> None:
     assert parse_fractions("1/16,0.5,1") == (1 / 16, 0.5, 1.0)
     with pytest.raises(ValueError, match="must be in"):
         parse_fractions("2")
+
+
+def test_budget_argument_is_exact() -> None:
+    """The GiB string given to --longhaul-cache parses back to exactly the bytes meant."""
+    for n in (1, 442368, TINY.budget_for(3), 3 * 2**30 + 12345, 2**53 - 1):
+        assert int(float(gib_arg(n)) * 2**30) == n
+
+
+def test_results_written_before_the_explicit_fields_still_load() -> None:
+    """docs/bench/*/results.json predate load/layout/budget_bytes: --report derives them once, from
+    the labels those files used."""
+    old = {"scenario": "cap", "label": "mmap, plain layout, cold", "routing": "uniform", "test": "tg16",
+           "budget_gib": None, "fraction": None, "cap_gib": 1.32, "cold": True, "status": "ok"}
+    r = Run.from_dict(old)
+    assert (r.load, r.layout, r.budget_bytes) == ("mmap", "plain", None)
+    r = Run.from_dict(dict(old, label="longhaul 0.66 GiB, steady", budget_gib=0.5, cold=False))
+    assert (r.load, r.layout, r.budget_bytes) == ("longhaul", "repacked", 2**29)

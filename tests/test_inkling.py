@@ -31,9 +31,9 @@ def tiny_spec(**kw) -> SyntheticSpec:
 
 @pytest.fixture(scope="module")
 def inkling_model(model_dir):
-    from longhaul_cpp import generate
+    from longhaul_cpp import make_model
 
-    return generate(tiny_spec(), model_dir / "inkling-tiny-f32.gguf")[0]
+    return make_model(tiny_spec(), model_dir / "inkling-tiny-f32.gguf")[0]
 
 
 @pytest.fixture(scope="module")

@@ -281,13 +281,13 @@ def test_unsupported_arch(tmp_path) -> None:
     """A supported-looking MoE GGUF of another arch: refused before any tensor is read."""
     import gguf
 
-    from longhaul_cpp import synthetic
+    from longhaul_cpp import synthetic_gguf
 
     spec = SyntheticSpec(arch="qwen3moe")
     w = gguf.GGUFWriter(tmp_path / "olmoe.gguf", "olmoe")
     fake = dataclasses.replace(spec)
     object.__setattr__(fake, "arch", "olmoe")
-    synthetic._add_metadata(w, fake)
+    synthetic_gguf._add_metadata(w, fake)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -91,11 +91,11 @@ def test_routing_uses_every_expert_on_a_long_prompt(make_model) -> None:
 
 
 def test_generation_is_deterministic_from_the_seed(tmp_path) -> None:
-    from longhaul_cpp import generate
+    from longhaul_cpp import make_model
 
-    a = generate(SyntheticSpec(arch="laguna", seed=7), tmp_path / "a.gguf")[0].read_bytes()
-    b = generate(SyntheticSpec(arch="laguna", seed=7), tmp_path / "b.gguf")[0].read_bytes()
-    c = generate(SyntheticSpec(arch="laguna", seed=8), tmp_path / "c.gguf")[0].read_bytes()
+    a = make_model(SyntheticSpec(arch="laguna", seed=7), tmp_path / "a.gguf")[0].read_bytes()
+    b = make_model(SyntheticSpec(arch="laguna", seed=7), tmp_path / "b.gguf")[0].read_bytes()
+    c = make_model(SyntheticSpec(arch="laguna", seed=8), tmp_path / "c.gguf")[0].read_bytes()
     assert a == b and a != c
 
 

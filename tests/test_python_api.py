@@ -1,4 +1,4 @@
-"""The Python package's higher-level API: generate(), `info`, and resource use over many models."""
+"""The Python package's higher-level API: Context.generate(), `info`, and resource use over many models."""
 from __future__ import annotations
 
 import dataclasses

@@ -3,12 +3,17 @@ from importlib import metadata as _metadata
 
 from ._lib import LlamaError, lib
 from .longhaul import PLAIN_EXPERTS_ENV, LayerStats, LonghaulStats, parse_cache_size, plain_expert_banks
-from .model import Context, LoadMode, Model, greedy_generate
-from .synthetic import SyntheticSpec, generate
+from .context import Context, greedy_generate
+from .model import LoadMode, Model
+from .synthetic import SyntheticSpec
+from .synthetic_gguf import make_model
 from .tools import tool_path
 
 __all__ = [
     "PLAIN_EXPERTS_ENV", "Context", "LayerStats", "LlamaError", "LoadMode", "LonghaulStats", "Model", "SyntheticSpec", "parse_cache_size",
-    "generate", "greedy_generate", "lib", "plain_expert_banks", "tool_path",
+    "greedy_generate", "make_model", "lib", "plain_expert_banks", "tool_path",
 ]
-__version__ = _metadata.version("longhaul-cpp")  # pyproject.toml is the one place it is written
+try:
+    __version__ = _metadata.version("longhaul-cpp")  # pyproject.toml is the one place it is written
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"

@@ -41,7 +41,11 @@ class ModelInfo:
     @property
     def min_budget(self) -> int:
         """The smallest budget that gives every routed layer one slot."""
-        return max(self.expert_bytes.values(), default=0) * len(self.expert_bytes)
+        return self.budget_for(1)
+
+    def budget_for(self, slots: int) -> int:
+        """The smallest budget in bytes that gives every routed layer at least `slots` slots."""
+        return slots * max(self.expert_bytes.values(), default=0) * len(self.expert_bytes)
 
     def slots(self, budget: int) -> dict[int, int]:
         layer_budget = budget // max(1, len(self.expert_bytes))

@@ -1,0 +1,60 @@
+"""What `longhaul-cpp bench` measures: its models, scenarios and configuration."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..synthetic import SyntheticSpec
+
+GIB = 1024**3
+MIB = 1024**2
+
+# the benchmark models (qwen35moe layout, Q4_0 experts, Q8_0 other weights)
+BENCH_MODELS: dict[str, SyntheticSpec] = {
+    # 2.64 GiB: 24 layers x 128 experts x 864 KiB
+    "medium": SyntheticSpec(arch="qwen35moe", n_layer=24, n_embd=1024, n_head=16, n_head_kv=4, n_expert=128,
+                            n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, expert_type="q4_0", weight_type="q8_0",
+                            seed=1),
+    # 10.6 GiB: 32 layers x 128 experts x 2.53 MiB
+    "large": SyntheticSpec(arch="qwen35moe", n_layer=32, n_embd=2048, n_head=16, n_head_kv=4, n_expert=128,
+                           n_expert_used=8, n_ff_exp=768, n_ff_shexp=768, expert_type="q4_0", weight_type="q8_0",
+                           seed=2),
+}
+ZIPF_SKEW = 1.2  # router_skew of the "zipf" routing (see synthetic_gguf._router_fill)
+ROUTINGS = ("uniform", "zipf")
+SCENARIOS = ("resident", "allcached", "cap", "sweep")
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    model: str = "medium"            # "medium" | "large" | a GGUF path
+    routings: tuple[str, ...] = ROUTINGS
+    scenarios: tuple[str, ...] = SCENARIOS
+    fractions: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+    cap_fraction: float = 0.5
+    cap_gib: float | None = None     # an absolute cap instead of cap_fraction
+    n_prompt: int = 512
+    n_gen: int = 128
+    n_gen_capped: int = 16           # generation tokens of the (slow) mmap load under the cap
+    threads: int = 2
+    reps: int = 2
+    cold: bool = True
+    capped_timeout: float = 900.0
+    out: Path = Path("longhaul-bench")
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """Sweep budgets as fractions of the routed experts: "1/16,0.5,1"."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        num, _, den = part.partition("/")
+        v = float(num) / float(den) if den else float(num)
+        if not 0 < v <= 1:
+            raise ValueError(f"budget fraction '{part}' must be in (0, 1], e.g. 1/16,1/4,1")
+        out.append(v)
+    return tuple(out)

@@ -1,0 +1,197 @@
+"""The scenarios: each measurement is one llama-bench process, read back through its JSON."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..modelinfo import ModelInfo, inspect_model
+from ..tools import tool_path
+from .analysis import analyse
+from .config import BENCH_MODELS, GIB, MIB, BenchConfig, BenchError
+from .disk import read_bandwidth
+from .models import bench_model
+from .process import MemoryCap, drop_page_cache, machine, run_process, warm_page_cache
+from .results import Run
+
+_LM = {"normal": "none", "mmap": "mmap", "longhaul": "longhaul"}  # llama-bench -lm of each load
+
+
+def gib_arg(n_bytes: int) -> str:
+    """A byte count as the GiB that `--longhaul-cache` takes: n / 2^30 is exact in binary, and its
+    repr parses back to the same double, so the library gets exactly n bytes."""
+    return repr(n_bytes / GIB)
+
+
+def llama_bench_argv(model: Path, n_prompt: int, n_gen: int, *, threads: int, load: str, budget: int | None,
+                     repack: bool, reps: int, warmup: bool, ubatch: int) -> list[str]:
+    argv = [str(tool_path("llama-bench")), "-m", str(model), "-ngl", "0", "-t", str(threads), "-o", "json",
+            "-r", str(reps), "-ub", str(ubatch), "-lm", _LM[load], "-p", str(n_prompt), "-n", str(n_gen)]
+    if budget is not None:
+        argv += ["--longhaul-cache", gib_arg(budget)]
+    if not repack:
+        argv += ["--repack", "0"]
+    if not warmup:
+        argv += ["--no-warmup"]
+    return argv
+
+
+def measure(scenario: str, label: str, routing: str, model: Path, n_prompt: int, n_gen: int, *, threads: int,
+            load: str = "normal", budget: int | None = None, fraction: float | None = None, repack: bool = True,
+            reps: int = 2, cold: bool = False, cap: MemoryCap | None = None, timeout: float | None = None,
+            ubatch: int = 512, drop: bool = False, log: Callable[[str], None] = print) -> list[Run]:
+    """One llama-bench process: a pp test then a tg test (either may be 0). The model (and so the
+    expert cache) lives across both, so a warm tg test starts from the cache the prompt filled.
+    Cold: the page cache is dropped first, no warmup, one repetition. Under a cap the page cache is
+    always dropped first: pages cached from outside the cgroup would not count against its limit,
+    so a capped steady state is reached by the tool's own warmup, inside the cap. `drop`: also drop
+    it for a warm run (the sweep: expert reads then come from the disk, as the physical bound assumes)."""
+    argv = llama_bench_argv(model, n_prompt, n_gen, threads=threads, load=load, budget=budget, repack=repack,
+                            reps=1 if cold else reps, warmup=not cold, ubatch=ubatch)
+    if cold or cap is not None or drop:
+        drop_page_cache()
+    else:
+        warm_page_cache(model)
+    res = run_process(argv, cap=cap, timeout=timeout)
+    base = dict(scenario=scenario, label=label, load=load, layout="repacked" if repack else "plain", routing=routing,
+                budget_bytes=budget, fraction=fraction, cap_gib=cap.limit / GIB if cap else None, cold=cold,
+                status=res.status, peak_rss_gib=res.peak_rss / GIB,
+                cgroup_peak_gib=res.cgroup_peak / GIB if res.cgroup_peak >= 0 else None,
+                disk_gib_read=res.read_bytes / GIB if res.read_bytes >= 0 else None, wall_s=res.wall_s)
+    tests = [t for t in ((f"pp{n_prompt}", n_prompt), (f"tg{n_gen}", n_gen)) if t[1] > 0]
+    rows: list[dict[str, Any]] = []
+    if res.status == "ok":
+        try:
+            rows = json.loads(res.stdout)
+        except ValueError:
+            rows = []
+    runs: list[Run] = []
+    for i, (test, _) in enumerate(tests):
+        run = Run(test=test, **base)  # type: ignore[arg-type]
+        if i < len(rows):
+            r = rows[i]
+            run.status = "ok"
+            run.tokens_per_s = float(r["avg_ts"])
+            run.n_tokens = int(r["n_prompt"] or r["n_gen"])
+            run.test_s = sum(r["samples_ns"]) / 1e9
+            if load == "longhaul":
+                run.hit_rate = float(r["longhaul_hit_rate"])
+                run.expert_gib_read = float(r["longhaul_gib_read"])
+                run.io_wait_s = float(r.get("longhaul_wait_s", 0.0))
+        else:
+            lines = [ln for ln in res.stderr_tail.splitlines() if ln.strip()]
+            run.status = "failed" if res.status == "ok" else res.status
+            if res.status == "timeout":
+                run.note = f"killed after {timeout or 0:.0f} s"
+            elif res.status == "oom":
+                run.note = "killed by the memory cap (OOM)"
+            else:
+                run.note = lines[-1] if lines else f"exit code {res.returncode}"
+        tps = f"{run.tokens_per_s:8.2f} t/s" if run.tokens_per_s is not None else f"{run.status:>12}"
+        extra = f", hit {run.hit_rate:.0%}" if run.hit_rate is not None else ""
+        log(f"  {scenario:9} {label:34} {run.test:6} {tps}{extra}  (peak RSS {res.peak_rss / GIB:.2f} GiB, "
+            f"{res.wall_s:.0f} s)")
+        runs.append(run)
+    return runs
+
+
+def non_cache_bytes(runs: list[Run], resident: int) -> int:
+    """What longhaul keeps besides the cache: resident weights, KV and compute buffers, the I/O staging,
+    the tool itself: the measured peak RSS with every expert cached minus its budget."""
+    peaks = [r.peak_rss_gib * GIB - (r.budget_bytes or 0) for r in runs
+             if r.scenario == "allcached" and r.ok and r.peak_rss_gib]
+    return int(max(peaks)) if peaks else int(resident * 1.3 + 384 * MIB)
+
+
+def _models(cfg: BenchConfig, progress: Callable[[str], Callable[[int, int], None] | None]) -> dict[str, Path]:
+    models: dict[str, Path] = {}
+    for routing in cfg.routings:
+        if cfg.model in BENCH_MODELS:
+            models[routing] = bench_model(cfg.model, routing, progress(f"generating bench-{cfg.model} ({routing})"))
+        elif routing == "uniform" or len(cfg.routings) == 1:  # a user model has its own routing
+            models[routing] = Path(cfg.model)
+    return models
+
+
+def _model_record(path: Path, info: ModelInfo) -> dict[str, Any]:
+    resident = info.file_bytes - info.routed_bytes
+    return {"path": str(path), "file_gib": info.file_bytes / GIB, "routed_gib": info.routed_bytes / GIB,
+            "resident_gib": resident / GIB, "n_expert": info.n_expert, "n_expert_used": info.n_expert_used,
+            "expert_bytes": max(info.expert_bytes.values()), "n_moe_layers": len(info.expert_bytes)}
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
+              progress: Callable[[str], Callable[[int, int], None] | None] = lambda label: None) -> dict[str, Any]:
+    models = _models(cfg, progress)
+    first = next(iter(models.values()))
+    info = inspect_model(first)
+    if not info.supported:
+        raise BenchError(f"{first}: longhaul does not support this model (architecture '{info.arch}')")
+    resident = info.file_bytes - info.routed_bytes
+    log(f"model {first.name}: {info.file_bytes / GIB:.2f} GiB, {info.n_expert} experts (top-{info.n_expert_used}), "
+        f"{info.routed_bytes / GIB:.2f} GiB routed experts, {resident / GIB:.2f} GiB resident weights")
+    t = cfg.threads
+    pp, tg = cfg.n_prompt, cfg.n_gen
+    runs: list[Run] = []
+    res: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v)
+                                      for k, v in dataclasses.asdict(cfg).items()},
+                           "machine": machine(), "model": _model_record(first, info),
+                           "models": {k: str(v) for k, v in models.items()}, "runs": runs}
+    m0, r0 = models[cfg.routings[0]], cfg.routings[0]
+    budget_all = info.budget_for(info.n_expert)
+
+    if "resident" in cfg.scenarios:
+        log("resident (normal load, page cache warm)")
+        runs += measure("resident", "normal, repacked (default)", r0, m0, pp, tg, threads=t, reps=cfg.reps, log=log)
+        runs += measure("resident", "normal, plain layout (--repack 0)", r0, m0, pp, tg, threads=t, repack=False,
+                        reps=cfg.reps, log=log)
+    if "allcached" in cfg.scenarios:
+        log(f"longhaul, every expert cached ({budget_all / GIB:.2f} GiB), warm")
+        runs += measure("allcached", "longhaul, every expert cached", r0, m0, pp, tg, threads=t, load="longhaul",
+                        budget=budget_all, fraction=1.0, reps=cfg.reps, log=log)
+    if "cap" in cfg.scenarios:
+        limit = int(cfg.cap_gib * GIB) if cfg.cap_gib else int(cfg.cap_fraction * info.file_bytes)
+        base = non_cache_bytes(runs, resident)
+        budget = int((limit - base) * 0.9)
+        res["cap"] = {"limit_gib": limit / GIB, "non_cache_gib": base / GIB, "longhaul_budget_gib": budget / GIB}
+        log(f"memory cap {limit / GIB:.2f} GiB ({limit / info.file_bytes:.0%} of the model file; longhaul budget "
+            f"{budget / GIB:.2f} GiB)")
+        if budget < info.min_budget:
+            raise BenchError(f"the cap {limit / GIB:.2f} GiB leaves no room for one slot per layer; raise --cap")
+        frac = budget / info.routed_bytes
+        with MemoryCap(limit) as cap:
+            for cold in ((True, False) if cfg.cold else (False,)):
+                kind = "cold" if cold else "steady"
+                # cold: prompt and generation in separate processes, each from an empty cache
+                for n_p, n_g in (((pp, 0), (0, cfg.n_gen_capped)) if cold else ((pp, cfg.n_gen_capped),)):
+                    runs += measure("cap", f"mmap, plain layout, {kind}", r0, m0, n_p, n_g, threads=t, load="mmap",
+                                    repack=False, reps=1, cold=cold, cap=cap, timeout=cfg.capped_timeout, log=log)
+                for n_p, n_g in (((pp, 0), (0, tg)) if cold else ((pp, tg),)):
+                    runs += measure("cap", f"longhaul {budget / GIB:.2f} GiB, {kind}", r0, m0, n_p, n_g, threads=t,
+                                    load="longhaul", budget=budget, fraction=frac, reps=cfg.reps, cold=cold, cap=cap,
+                                    timeout=cfg.capped_timeout, log=log)
+            # repacked weights are anonymous memory: they cannot be paged out under the cap
+            runs += measure("cap", "normal, repacked (default)", r0, m0, 0, cfg.n_gen_capped, threads=t, reps=1,
+                            cap=cap, timeout=min(cfg.capped_timeout, 300.0), log=log)
+    bw = None
+    if "sweep" in cfg.scenarios:
+        if cfg.cold:
+            bw = read_bandwidth(m0, threads=min(8, os.cpu_count() or 1))
+            res["read_bandwidth"] = bw
+            log(f"cold random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices: "
+                f"{bw['bytes_per_s'] / MIB:.0f} MiB/s")
+        for routing, model in models.items():
+            log(f"budget sweep, {routing} routing (steady state)")
+            for f in cfg.fractions:
+                slots = info.n_expert if f >= 1 else round(f * info.n_expert)
+                if slots < 1:
+                    log(f"  {f:.3f} of the experts is below the minimum budget: skipped")
+                    continue
+                runs += measure("sweep", f"longhaul {f:.4g} of experts", routing, model, pp, tg, threads=t,
+                                load="longhaul", budget=info.budget_for(slots), fraction=min(f, 1.0), reps=cfg.reps,
+                                drop=cfg.cold, log=log)
+    res["analysis"] = analyse(runs, info, bw)
+    return res

@@ -1,0 +1,66 @@
+"""What the subcommands share: the synthetic-model options (made from SyntheticSpec's fields), the
+model cache and a progress bar."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..paths import cache_dir, shard_paths
+from ..synthetic import SyntheticSpec
+from ..synthetic_gguf import make_model
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal, or always with force)."""
+
+    def __init__(self, label: str, force: bool = False) -> None:
+        self.label = label
+        self.enabled = force or sys.stderr.isatty()
+        self.last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        pct = done * 100 // max(total, 1)
+        if pct == self.last:
+            return
+        self.last = pct
+        bar = "#" * (pct // 4) + "-" * (25 - pct // 4)
+        end = "\n" if done >= total else ""
+        print(f"\r{self.label} [{bar}] {pct:3d}%", end=end, file=sys.stderr, flush=True)
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    """One option per SyntheticSpec field (--n-layer, --expert-type, ...), with its help and choices."""
+    for f in dataclasses.fields(SyntheticSpec):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata.get("help", "")
+        if isinstance(f.default, bool):
+            p.add_argument(flag, action="store_true", default=f.default, help=help_text)
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default, choices=f.metadata.get("choices"),
+                           help=help_text)
+
+
+def spec_from(args: argparse.Namespace) -> SyntheticSpec:
+    fields = {f.name for f in dataclasses.fields(SyntheticSpec)}
+    return SyntheticSpec(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def cached_model(spec: SyntheticSpec, n_shards: int = 1, progress: bool = True) -> list[Path]:
+    """Generate `spec` once into the cache directory and return its file(s)."""
+    key = hashlib.sha256(json.dumps([dataclasses.asdict(spec), n_shards], sort_keys=True).encode()).hexdigest()[:12]
+    path = cache_dir("models") / f"{spec.arch}-{key}.gguf"
+    paths = shard_paths(path, n_shards)
+    if all(p.is_file() for p in paths):
+        return paths
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    made = make_model(spec, tmp, n_shards=n_shards, progress=Progress(f"generating {path.name}") if progress else None)
+    for src, dst in zip(made, paths):
+        os.replace(src, dst)
+    return paths

@@ -1,0 +1,47 @@
+"""`longhaul-cpp info MODEL [--longhaul-cache SIZE]`: what longhaul would do with a model (header only)."""
+from __future__ import annotations
+
+import argparse
+
+from ..longhaul import SUPPORTED_ARCHS, parse_cache_size
+from ..modelinfo import inspect_model
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="what longhaul would do with a GGUF model (reads the header only)")
+    p.add_argument("model", help="GGUF file (the first shard of a split model)")
+    p.add_argument("--longhaul-cache", help="a budget to plan for: GiB, or a size such as 512MiB")
+    p.add_argument("-ub", "--n-ubatch", type=int, default=512, help="requested ubatch (default 512)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    info = inspect_model(args.model)
+    mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
+    print(f"model:          {info.path} ({len(info.shards)} file(s), {info.file_bytes / 2**30:.3f} GiB)")
+    print(f"architecture:   {info.arch}, {info.n_layer} layers, {len(info.expert_bytes)} routed MoE layers")
+    print(f"experts:        {info.n_expert} routed per layer, {info.n_expert_used} used per token, "
+          f"types {', '.join(info.expert_types) or '-'}")
+    if info.expert_bytes:
+        sizes = sorted(set(info.expert_bytes.values()))
+        print(f"expert bytes:   {', '.join(mib(b) for b in sizes)} per expert (gate + up + down); "
+              f"{info.routed_bytes / 2**30:.3f} GiB of routed experts")
+        print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {info.min_budget / 2**30 + 0.00005:.4f})")
+    if not info.supported:
+        why = "no routed expert tensors" if not info.expert_bytes else f"architecture '{info.arch}'"
+        print(f"longhaul:       not supported ({why}); supported: {', '.join(SUPPORTED_ARCHS)}")
+        return 1
+    print("longhaul:       supported")
+    if args.longhaul_cache is not None:
+        budget = parse_cache_size(args.longhaul_cache)
+        slots = info.slots(budget)
+        if min(slots.values()) < 1:
+            print(f"budget {mib(budget)}: too small, a layer gets no slot (minimum {mib(info.min_budget)})")
+            return 1
+        per = sorted(set(slots.values()))
+        print(f"budget {mib(budget)}: {', '.join(map(str, per))} slots per layer "
+              f"({sum(s * info.expert_bytes[il] for il, s in slots.items()) / 2**20:.2f} MiB cached), "
+              f"effective n_ubatch {info.effective_ubatch(budget, args.n_ubatch)} (of {args.n_ubatch}), "
+              f"{info.stages(budget)} stage(s) per MoE layer, up to "
+              f"{info.waves(budget, info.effective_ubatch(budget, args.n_ubatch))} expert wave(s) per ubatch")
+    return 0
