@@ -13,7 +13,7 @@ import pytest
 from conftest import run
 from longhaul_cpp import SyntheticSpec
 from longhaul_cpp.bench import MemoryCap, Run, parse_fractions, run_process
-from longhaul_cpp.bench.runner import gib_arg
+from longhaul_cpp.longhaul import gib_arg
 
 BENCH = [sys.executable, "-m", "longhaul_cpp", "bench"]
 

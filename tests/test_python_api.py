@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,9 @@ def test_info_matches_the_library(make_model) -> None:
     assert r.returncode == 0, r.stderr
     assert "longhaul:       supported" in r.stdout and "3 slots per layer" in r.stdout
     assert "effective n_ubatch 1" in r.stdout and "2 stage(s)" in r.stdout
+    # the minimum it prints, as the tools' --longhaul-cache GiB, is exactly one slot per layer
+    m = re.search(r"minimum budget: .*\(--longhaul-cache ([0-9.e-]+)\)", r.stdout)
+    assert m and int(float(m.group(1)) * 2**30) == info.min_budget, r.stdout
     r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache", "1000B"], text=True)
     assert r.returncode == 1 and "too small" in r.stdout
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 from longhaul_cpp import tool_path
 from longhaul_cpp.tools import TOOLS
 
-from conftest import run
+from conftest import ROOT, run
 
 
 def _script(name: str) -> str:
@@ -41,7 +42,24 @@ def test_unknown_tool_name() -> None:
         tool_path("llama-nope")
 
 
-@pytest.mark.parametrize("name", ["llama-cli", "llama-server", "llama-bench", "llama-completion"])
+def _pyproject_scripts() -> dict[str, str]:
+    block = (ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r'^([\w-]+) = "([^"]+)"', block, re.M))
+
+
+SHIMS = [name for name in _pyproject_scripts() if name.startswith("llama-")]
+
+
+def test_one_tool_list() -> None:
+    """The package ships exactly longhaul_cpp.tools.TOOLS (CMake's LONGHAUL_TOOLS builds them), and
+    every console-script shim names one of them."""
+    shipped = {p.name for p in tool_path(TOOLS[0]).parent.iterdir() if p.is_file() and os.access(p, os.X_OK)
+               and p.name.startswith("llama-")}
+    assert shipped == set(TOOLS)
+    assert SHIMS and set(SHIMS) <= set(TOOLS)
+
+
+@pytest.mark.parametrize("name", SHIMS)
 def test_console_script_execs_the_packaged_tool(name: str) -> None:
     r = run([_script(name), "--version"])
     out = (r.stdout + r.stderr).decode(errors="replace")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from longhaul_cpp import SyntheticSpec, tool_path
+from longhaul_cpp.longhaul import gib_arg
 
 from conftest import ROOT, TOOL_ENV_PLAIN_EXPERTS, run
 
@@ -24,11 +25,6 @@ PROMPT = "Longhaul streams routed experts from the file into a fixed-budget cach
 
 MODEL = SyntheticSpec(arch="qwen35moe", expert_type="q8_0", weight_type="f32")
 SPLIT_MODEL = SyntheticSpec(arch="laguna", expert_type="q4_0", weight_type="f32")
-
-
-def gib(n_bytes: int) -> str:
-    """`--longhaul-cache` takes GiB: n / 2^30 prints and parses back to exactly n bytes."""
-    return repr(n_bytes / 2**30)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +49,7 @@ def completion(path: Path, *extra: str, env: dict[str, str] | None = None) -> su
 @pytest.mark.parametrize("slots", ["all", 2])  # every expert cached; 2 slots (below k: 2 stages per token)
 def test_completion_longhaul_equals_normal(model, split_model, slots) -> None:
     for path, spec in ((model, MODEL), (split_model, SPLIT_MODEL)):
-        budget = gib(spec.budget_for(spec.n_expert if slots == "all" else slots))
+        budget = gib_arg(spec.budget_for(spec.n_expert if slots == "all" else slots))
         ref = completion(path, "--n-gpu-layers", "0", env=TOOL_ENV_PLAIN_EXPERTS)  # longhaul's kernels
         lh = completion(path, "--longhaul", "--longhaul-cache", budget, "--n-gpu-layers", "0")
         assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]

@@ -39,6 +39,7 @@ def test_longhaul_planner() -> None:
 
 # the ops of the routed MoE path, restricted to the weight types the tests use (the full
 # MUL_MAT_ID sweep takes longer than the whole suite on 2 cores)
+@pytest.mark.slow
 @pytest.mark.parametrize("op,params", [
     ("MUL_MAT_ID", "type_a=(f32|f16|q8_0|q4_0),type_b=f32"),
     ("ADD_ID", ""), ("GET_ROWS", ""), ("ARGSORT", ""), ("TOP_K", ""), ("SOFT_MAX", ""),

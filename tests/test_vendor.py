@@ -50,6 +50,7 @@ def test_materialize_twice_is_a_no_op(fork: Path) -> None:
     assert git(fork, "rev-parse", "HEAD") == head
 
 
+@pytest.mark.slow
 def test_export_round_trip(fork: Path, tmp_path: Path) -> None:
     patches = tmp_path / "patches"
     shutil.copytree(ROOT / "patches", patches)
@@ -93,6 +94,7 @@ def test_fork_work_is_never_discarded_silently(fork: Path, tmp_path: Path) -> No
     assert (work / "README.md").read_text() == "edited\n"
 
 
+@pytest.mark.slow
 def test_patch_that_does_not_apply_is_named(fork: Path, tmp_path: Path) -> None:
     patches = tmp_path / "patches"
     shutil.copytree(ROOT / "patches", patches)
@@ -133,6 +135,7 @@ def test_sdist_carries_the_pin_and_the_series_not_the_source(tmp_path: Path) -> 
     assert not any(n.startswith("vendor/llama.cpp/") for n in names)
 
 
+@pytest.mark.slow
 def test_download_works_inside_an_isolated_build_environment(tmp_path: Path) -> None:
     """`pip install .` runs CMake, and so this tool, inside pip's isolated build environment, where
     PYTHONPATH points at the build overlay and the interpreter's own pip cannot be imported: the

@@ -12,6 +12,7 @@ import sys
 import threading
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypeVar
 
 from cffi import FFI
 
@@ -137,3 +138,35 @@ def raise_error(what: str, mark: int) -> None:
     lines = _log.since(mark)
     detail = "; ".join(lines[-4:]) if lines else "no message from the library (see the log)"
     raise LlamaError(f"{what}: {detail}")
+
+
+class Handle:
+    """A library object owned by a Python object: close() frees it, as a `with` block's end and garbage
+    collection do (one release path); `ptr` raises LlamaError once it is closed."""
+
+    _what = "object"
+    _ptr: Any = ffi.NULL
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _H) -> _H:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def ptr(self) -> Any:
+        if self._ptr == ffi.NULL:
+            raise LlamaError(f"the {self._what} is closed")
+        return self._ptr
+
+
+_H = TypeVar("_H", bound=Handle)

@@ -7,15 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._lib import LlamaError, ffi, lib, log_mark, raise_error
+from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
 from .model import _set_fields
 
 if TYPE_CHECKING:
     from .model import Model
 
 
-class Context:
+class Context(Handle):
     """A llama_context: decode batches, read logits, generate."""
+
+    _what = "context"
 
     def __init__(self, model: Model, **params: Any) -> None:
         self._ptr = ffi.NULL
@@ -39,24 +41,6 @@ class Context:
         if self._ptr != ffi.NULL:
             lib().llama_free(self._ptr)
             self._ptr = ffi.NULL
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    @property
-    def ptr(self) -> Any:
-        if self._ptr == ffi.NULL:
-            raise LlamaError("the context is closed")
-        return self._ptr
 
     @property
     def n_ctx(self) -> int:

@@ -55,6 +55,12 @@ def parse_cache_size(value: float | int | str) -> int:
     return n
 
 
+def gib_arg(n_bytes: int) -> str:
+    """A budget in bytes as the GiB that `--longhaul-cache` takes: n / 2^30 is exact in binary and its
+    repr parses back to the same double, so the library gets exactly n bytes."""
+    return repr(n_bytes / 2**30)
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerStats:
     """Counters of one routed MoE layer's expert cache (or the totals, il = -1)."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._lib import LlamaError, ffi, lib, log_mark, raise_error
+from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
 from .longhaul import LayerStats, LonghaulStats, parse_cache_size
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def _buft_overrides(overrides: Mapping[str, str]) -> tuple[Any, list[Any]]:
     return arr, keep
 
 
-class Model:
+class Model(Handle):
     """A GGUF model loaded by libllama.
 
     Keyword arguments are fields of `llama_model_params` (n_gpu_layers, load_mode,
@@ -64,6 +64,8 @@ class Model:
     Split models load from the first shard's path.
     Use as a context manager, or call close(), to free it deterministically.
     """
+
+    _what = "model"
 
     def __init__(self, path: str | os.PathLike[str], *, load_mode: LoadMode = LoadMode.AUTO,
                  longhaul_cache: float | int | str | None = None, n_gpu_layers: int = 0, **params: Any) -> None:
@@ -103,24 +105,6 @@ class Model:
         if self._ptr != ffi.NULL:
             lib().llama_model_free(self._ptr)
             self._ptr = ffi.NULL
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    @property
-    def ptr(self) -> Any:
-        if self._ptr == ffi.NULL:
-            raise LlamaError("the model is closed")
-        return self._ptr
 
     @property
     def _vocab(self) -> Any:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..longhaul import gib_arg
 from ..modelinfo import ModelInfo, inspect_model
 from ..tools import tool_path
 from .analysis import analyse
@@ -18,12 +19,6 @@ from .process import MemoryCap, drop_page_cache, machine, run_process, warm_page
 from .results import Run
 
 _LM = {"normal": "none", "mmap": "mmap", "longhaul": "longhaul"}  # llama-bench -lm of each load
-
-
-def gib_arg(n_bytes: int) -> str:
-    """A byte count as the GiB that `--longhaul-cache` takes: n / 2^30 is exact in binary, and its
-    repr parses back to the same double, so the library gets exactly n bytes."""
-    return repr(n_bytes / GIB)
 
 
 def llama_bench_argv(model: Path, n_prompt: int, n_gen: int, *, threads: int, load: str, budget: int | None,

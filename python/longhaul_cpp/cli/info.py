@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..longhaul import SUPPORTED_ARCHS, parse_cache_size
+from ..longhaul import SUPPORTED_ARCHS, gib_arg, parse_cache_size
 from ..modelinfo import inspect_model
 
 
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         sizes = sorted(set(info.expert_bytes.values()))
         print(f"expert bytes:   {', '.join(mib(b) for b in sizes)} per expert (gate + up + down); "
               f"{info.routed_bytes / 2**30:.3f} GiB of routed experts")
-        print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {info.min_budget / 2**30 + 0.00005:.4f})")
+        print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {gib_arg(info.min_budget)})")
     if not info.supported:
         why = "no routed expert tensors" if not info.expert_bytes else f"architecture '{info.arch}'"
         print(f"longhaul:       not supported ({why}); supported: {', '.join(SUPPORTED_ARCHS)}")
