@@ -360,9 +360,38 @@ def test_cache_size_parsing() -> None:
     assert parse_cache_size("2GiB") == 2 * 2**30
     assert parse_cache_size("1.5") == int(1.5 * 2**30)
     assert parse_cache_size("1000B") == 1000
-    for bad in ("", "abc", "-1", "0", "2 parsecs", 0, -3, True):
+    assert parse_cache_size(2**33 - 1) == (2**33 - 1) * 2**30
+    for bad in ("", "abc", "-1", "0", "2 parsecs", 0, -3, True, float("nan"), float("inf"), 2**33, 1e300,
+                "9EiB", "1e30GiB", "nan", "inf"):
         with pytest.raises(ValueError):
             parse_cache_size(bad)
+
+
+def test_refused_eval_callback(make_model) -> None:
+    """An eval callback (llama-imatrix, llama-eval-callback) would see slot ids in the expert matmuls."""
+    path = make_model(arch="qwen3moe")[0]
+    seen = []
+    cb = ffi.callback("ggml_backend_sched_eval_callback", lambda t, ask, ud: seen.append(1) or True)
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1) as m:
+        with pytest.raises(LlamaError, match="eval callback .*would see cache slot ids.*without longhaul"):
+            m.context(cb_eval=cb)
+    with Model(path, load_mode=LoadMode.NONE) as m, m.context(cb_eval=cb) as ctx:  # a normal load takes it
+        ctx.decode(m.tokenize("x"))
+    assert seen
+
+
+def test_refused_save(make_model, tmp_path, caplog) -> None:
+    """llama_model_save_to_file: a longhaul model holds slots, not its experts; nothing is written."""
+    import logging
+
+    path = make_model(arch="qwen3moe")[0]
+    with caplog.at_level(logging.ERROR, logger="longhaul_cpp.llama"):
+        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1) as m:
+            lib().llama_model_save_to_file(m.ptr, str(tmp_path / "lh.gguf").encode())
+        with Model(path, load_mode=LoadMode.NONE) as m:
+            lib().llama_model_save_to_file(m.ptr, str(tmp_path / "normal.gguf").encode())
+    assert not (tmp_path / "lh.gguf").exists() and (tmp_path / "normal.gguf").stat().st_size > 0
+    assert any("load it without longhaul to save it" in r.getMessage() for r in caplog.records)
 
 
 def test_load_mode_name_round_trip() -> None:

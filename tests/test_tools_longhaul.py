@@ -91,6 +91,9 @@ def test_cli_spec_command(model) -> None:
     (["--longhaul", "--longhaul-cache", "abc"], "expected a size in GiB greater than 0"),
     (["--longhaul", "--longhaul-cache", "0"], "expected a size in GiB greater than 0"),
     (["--longhaul", "--longhaul-cache", "-2"], "expected a size in GiB greater than 0"),
+    (["--longhaul", "--longhaul-cache", "nan"], "expected a size in GiB greater than 0 and below 8589934592"),
+    (["--longhaul", "--longhaul-cache", "inf"], "expected a size in GiB greater than 0 and below 8589934592"),
+    (["--longhaul", "--longhaul-cache", "1e300"], "expected a size in GiB greater than 0 and below 8589934592"),
     (["--longhaul-cache", "2"], "--longhaul-cache is only used with --longhaul"),
     (["--longhaul", "--longhaul-cache", "2", "--cpu-moe"], "--cpu-moe or --n-cpu-moe"),
     (["--longhaul", "--longhaul-cache", "2", "-ot", "exps=CPU"], "tensor override 'exps'"),
@@ -168,6 +171,9 @@ def test_bench_cold_and_warm(model) -> None:
 def test_bench_requires_the_budget(model) -> None:
     r = tool("llama-bench", "--model", str(model), "--load-mode", "longhaul", "--n-prompt", "8", "--n-gen", "0")
     assert r.returncode > 0 and "--longhaul-cache is required with --load-mode longhaul" in r.stderr.decode()
+    for bad in ("nan", "inf", "1e300", "0", "1,x"):
+        r = bench(model, "--longhaul-cache", bad, "--n-prompt", "8", "--n-gen", "0")
+        assert r.returncode > 0 and "expected a size in GiB greater than 0" in r.stderr.decode(), bad
 
 
 # ---- llama-server -----------------------------------------------------------------------------
@@ -261,6 +267,23 @@ def _prometheus(text: str) -> dict[str, float]:
             name, value = line.split()
             out[name.split(":", 1)[1]] = float(value)
     return out
+
+
+def _metrics(base: str) -> dict[str, float]:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        return _prometheus(resp.read().decode())
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
+def test_server_reads_no_expert_before_the_first_request(make_model, arch) -> None:
+    """Nothing the server does at start reads an expert (its partial-removal probe decode is answered
+    from the memory type instead; qwen3moe's attention-only memory is where it used to decode)."""
+    path = make_model(arch=arch, expert_type="q8_0", weight_type="f32")[0]
+    with server(path, "--longhaul", "--longhaul-cache", "2", "--metrics") as base:
+        before = _metrics(base)
+        assert before["longhaul_bytes_read_total"] == 0 and before["longhaul_misses_total"] == 0, before
+        _complete(base, PROMPT)
+        assert _metrics(base)["longhaul_bytes_read_total"] > 0
 
 
 def test_server_props_without_longhaul(model) -> None:

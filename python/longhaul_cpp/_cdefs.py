@@ -212,6 +212,7 @@ void llama_backend_free(void);
 struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
 struct llama_model * llama_model_load_from_splits(const char ** paths, size_t n_paths, struct llama_model_params params);
 void llama_model_free(struct llama_model * model);
+void llama_model_save_to_file(const struct llama_model * model, const char * path_model);
 
 struct llama_longhaul_stats {
     int32_t  il;

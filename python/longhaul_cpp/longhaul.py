@@ -33,6 +33,7 @@ def plain_expert_banks() -> Iterator[None]:
             os.environ[PLAIN_EXPERTS_ENV] = old
 
 
+_MAX_BYTES = 2**63  # the library takes the budget as a uint64_t; above 2^63 the tools' GiB overflow
 _UNITS = {"": 2**30, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
           "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
@@ -43,15 +44,15 @@ def parse_cache_size(value: float | int | str) -> int:
         raise ValueError(f"longhaul_cache must be a size, got {value!r}")
     if isinstance(value, (int, float)):
         gib = float(value)
-        if not gib > 0:
-            raise ValueError(f"longhaul_cache must be a positive size in GiB, got {value!r}")
+        if not 0 < gib < _MAX_BYTES / 2**30:  # also NaN and infinity
+            raise ValueError(f"longhaul_cache must be a size in GiB above 0 and below 2^33 (8 EiB), got {value!r}")
         return int(gib * 2**30)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"longhaul_cache '{value}' is not a size: use GiB as a number, or e.g. '2GiB', '512MiB'")
     n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if n <= 0:
-        raise ValueError(f"longhaul_cache must be positive, got '{value}'")
+    if not 0 < n < _MAX_BYTES:
+        raise ValueError(f"longhaul_cache must be above 0 and below 8 EiB (2^63 bytes), got '{value}'")
     return n
 
 
