@@ -320,6 +320,49 @@ def test_truncated_shard_fails_the_decode_not_the_process(make_model, tmp_path) 
             assert list(ctx.greedy(m.tokenize(PROMPT), N_GEN)) == ref
 
 
+def test_failed_read_is_retried_once(make_model, monkeypatch) -> None:
+    """A read that fails once (LLAMA_LONGHAUL_FAIL_READ=N injects an error into the N-th read) is read
+    again: the decode succeeds, the output is a clean run's, and the stats count the retry."""
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    budget = budget_for(spec, spec.n_expert)
+    ref, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    monkeypatch.setenv("LLAMA_LONGHAUL_FAIL_READ", "5")
+    ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    assert ids == ref
+    st = info["stats"].total
+    # the expert whose read failed is read again: its 3 slices (gate, up, down)
+    assert st.n_retries == 3 and st.n_reads == st.n_misses * 3 + 3
+
+
+def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path) -> None:
+    """A read that fails twice fails the decode: LlamaError and llama_model_longhaul_error carry the file
+    and offset; the syncs after the failed one read nothing; the next decode starts clean."""
+    spec = spec_of("qwen3moe", "q8_0", {})
+    paths = make_model(n_shards=3, **dataclasses.asdict(spec))
+    for p in paths:
+        shutil.copy(p, tmp_path / p.name)
+    budget = budget_for(spec, spec.n_expert)
+    with Model(tmp_path / paths[0].name, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget) as m:
+        with m.context(n_ctx=512, n_threads=2) as ctx:
+            assert m.longhaul_error() == ""
+            for p in paths[1:]:
+                with open(tmp_path / p.name, "r+b") as f:
+                    f.truncate(1024)
+            with pytest.raises(LlamaError, match="short read from .*gguf at offset [0-9]+"):
+                ctx.decode(m.tokenize(PROMPT))
+            assert "short read from" in m.longhaul_error()
+            layers = m.longhaul_stats().layers
+            failed = next(i for i, lay in enumerate(layers) if lay.n_reads > 0 and lay.bytes_read == 0)
+            assert layers[failed].n_retries > 0
+            assert all(lay.n_reads == 0 for lay in layers[failed + 1:])  # no reads after the failure
+            for p in paths[1:]:
+                shutil.copy(p, tmp_path / p.name)
+            ctx.reset()
+            ctx.decode(m.tokenize(PROMPT))
+            assert m.longhaul_error() == ""  # cleared when a decode starts
+
+
 def test_missing_shard_fails_the_load(make_model, tmp_path) -> None:
     spec = spec_of("laguna", "q8_0", {})
     paths = make_model(n_shards=3, **dataclasses.asdict(spec))

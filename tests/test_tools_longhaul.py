@@ -286,6 +286,23 @@ def test_server_reads_no_expert_before_the_first_request(make_model, arch) -> No
         assert _metrics(base)["longhaul_bytes_read_total"] > 0
 
 
+def test_server_error_response_says_why(make_model, tmp_path) -> None:
+    """A failed expert read fails the request with HTTP 500 whose message names the file and offset."""
+    import shutil
+    import urllib.error
+
+    src = make_model(arch="qwen3moe", expert_type="q8_0", weight_type="f32")[0]
+    path = tmp_path / src.name
+    shutil.copy(src, path)
+    with server(path, "--longhaul", "--longhaul-cache", "2") as base:
+        with open(path, "r+b") as f:  # the same inode, cut after the load
+            f.truncate(path.stat().st_size // 2)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _complete(base, PROMPT)
+        body = e.value.read().decode()
+    assert e.value.code == 500 and "Compute error. longhaul: short read from" in body, body
+
+
 def test_server_props_without_longhaul(model) -> None:
     with server(model) as base:
         with urllib.request.urlopen(base + "/props", timeout=10) as resp:

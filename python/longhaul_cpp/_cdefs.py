@@ -228,10 +228,12 @@ struct llama_longhaul_stats {
     uint64_t n_stages;
     double   t_read_s;
     double   t_wait_s;
+    uint64_t n_retries;
 };
 int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
 bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats);
 void llama_model_longhaul_stats_reset(struct llama_model * model);
+const char * llama_model_longhaul_error(const struct llama_model * model);
 struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
 void llama_free(struct llama_context * ctx);
 

@@ -104,6 +104,9 @@ class Context(Handle):
             finally:
                 L.llama_batch_free(batch)
             if rc != 0:
+                why = self.model.longhaul_error() if self.model.is_longhaul else ""
+                if why:  # a failed expert read: the file, the offset and what to do
+                    raise LlamaError(f"llama_decode failed with code {rc} at position {self.n_past}: {why}")
                 raise_error(f"llama_decode failed with code {rc} at position {self.n_past}", mark)
             self.n_past += len(chunk)
             self._n_outputs = len(chunk) if all_logits else 1

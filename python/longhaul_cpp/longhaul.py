@@ -79,6 +79,7 @@ class LayerStats:
     n_stages: int
     t_read_s: float
     t_wait_s: float
+    n_retries: int  # slices read a second time: every slice of an expert whose read failed, once
 
     @property
     def hit_rate(self) -> float:

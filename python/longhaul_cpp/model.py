@@ -159,6 +159,10 @@ class Model(Handle):
 
         return LonghaulStats(total=read(-1), layers=[read(i) for i in range(n)])
 
+    def longhaul_error(self) -> str:
+        """Why the last decode on this model failed in longhaul mode (a failed expert read), or ""."""
+        return ffi.string(lib().llama_model_longhaul_error(self.ptr)).decode("utf-8", "replace")
+
     def longhaul_stats_reset(self) -> None:
         lib().llama_model_longhaul_stats_reset(self.ptr)
 
