@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

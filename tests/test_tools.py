@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
