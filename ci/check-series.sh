@@ -27,6 +27,7 @@ for c in $(git -C "$fork" rev-list --reverse upstream..HEAD); do
     subject=$(git -C "$fork" log -1 --format=%s "$c")
     targets=(llama test-llama-archs test-arg-parser)
     grep -q "test-longhaul" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul)
+    grep -q "test-longhaul-offload" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul-offload)
     if ! ninja -C "$work/build" "${targets[@]}" >"$work/build-$n.log" 2>&1; then
         tail -n 30 "$work/build-$n.log"
         echo "check-series: patch $n ($subject) does not build (log: $work/build-$n.log)" >&2

@@ -234,6 +234,8 @@ def test_server_concurrent_clients_match_normal_load(model) -> None:
     with server(model, env=TOOL_ENV_PLAIN_EXPERTS) as base:  # longhaul's kernels
         ref = _concurrent(base)
     with server(model, "--longhaul", "--longhaul-cache", "2", "--metrics") as base:
+        first_timings = _timings(base)  # alone on a cold cache: this response read everything read so far
+        cold = _metrics(base)
         got = _concurrent(base)
         with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
             first = _prometheus(resp.read().decode())
@@ -242,12 +244,12 @@ def test_server_concurrent_clients_match_normal_load(model) -> None:
             second = _prometheus(resp.read().decode())
         with urllib.request.urlopen(base + "/props", timeout=10) as resp:
             props = json.loads(resp.read())
-        body = json.dumps({"prompt": PROMPT, "n_predict": 4, "temperature": 0}).encode()
-        req = urllib.request.Request(base + "/completion", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            timings = json.loads(resp.read())["timings"]
+        timings = _timings(base)
     assert got == ref and again == ref
-    assert 0.0 < timings["longhaul_hit_rate"] <= 1.0 and timings["longhaul_gib_read"] > 0
+    # response timings are that response's figures, not the model's totals since load
+    assert first_timings["longhaul_gib_read"] == pytest.approx(cold["longhaul_bytes_read_total"] / 2**30)
+    assert 0.0 <= first_timings["longhaul_hit_rate"] < 1.0
+    assert timings["longhaul_hit_rate"] == 1.0 and timings["longhaul_gib_read"] == 0.0  # all cached by now
     assert all(text for text in ref)
     # one model cache shared by all slots: the second round reads nothing new
     assert first["longhaul_misses_total"] > 0
@@ -258,6 +260,13 @@ def test_server_concurrent_clients_match_normal_load(model) -> None:
     assert len(lh["slots_per_layer"]) == 4 and all(s["slots"] == 16 for s in lh["slots_per_layer"])
     assert lh["n_ubatch"] == 512  # every expert is cached: no clamp
     assert lh["cache_bytes"] == second["longhaul_cache_bytes"]
+
+
+def _timings(base: str) -> dict:
+    body = json.dumps({"prompt": PROMPT, "n_predict": 4, "temperature": 0}).encode()
+    req = urllib.request.Request(base + "/completion", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())["timings"]
 
 
 def _prometheus(text: str) -> dict[str, float]:
