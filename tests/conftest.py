@@ -16,11 +16,8 @@ import longhaul_cpp  # noqa: E402
 if Path(longhaul_cpp.__file__).resolve().is_relative_to(ROOT / "python"):
     raise RuntimeError("tests must run against the installed package, not python/ in the source tree")
 
-from longhaul_cpp import PLAIN_EXPERTS_ENV, SyntheticSpec  # noqa: E402
+from longhaul_cpp import SyntheticSpec  # noqa: E402
 from longhaul_cpp import make_model as write_model  # noqa: E402  (the fixture below is make_model)
-
-# The environment of a tool run whose normal load runs longhaul's kernels (expert banks plain)
-TOOL_ENV_PLAIN_EXPERTS = {**os.environ, PLAIN_EXPERTS_ENV: "1"}
 
 
 def upstream_bin_dir() -> Path | None:

@@ -18,7 +18,7 @@ import pytest
 from longhaul_cpp import SyntheticSpec, tool_path
 from longhaul_cpp.longhaul import gib_arg
 
-from conftest import ROOT, TOOL_ENV_PLAIN_EXPERTS, run
+from conftest import ROOT, run
 
 PROMPT = "Longhaul streams routed experts from the file into a fixed-budget cache."
 
@@ -50,7 +50,7 @@ def completion(path: Path, *extra: str, env: dict[str, str] | None = None) -> su
 def test_completion_longhaul_equals_normal(model, split_model, slots) -> None:
     for path, spec in ((model, MODEL), (split_model, SPLIT_MODEL)):
         budget = gib_arg(spec.budget_for(spec.n_expert if slots == "all" else slots))
-        ref = completion(path, "--n-gpu-layers", "0", env=TOOL_ENV_PLAIN_EXPERTS)  # longhaul's kernels
+        ref = completion(path, "--n-gpu-layers", "0")  # the default load: longhaul runs its kernels
         lh = completion(path, "--longhaul", "--longhaul-cache", budget, "--n-gpu-layers", "0")
         assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]
         assert lh.stdout == ref.stdout and len(lh.stdout.strip()) > 0
@@ -76,7 +76,7 @@ def test_environment_variables(model) -> None:
 def test_cli_spec_command(model) -> None:
     """llama-cli --model M --longhaul --longhaul-cache 2 --n-gpu-layers 0 (one turn, greedy)."""
     args = ["--model", str(model), "--n-gpu-layers", "0", "-p", "hello", "-n", "16", "-st", "--temp", "0", "-t", "2"]
-    ref = tool("llama-cli", *args, env=TOOL_ENV_PLAIN_EXPERTS)  # longhaul's kernels
+    ref = tool("llama-cli", *args)  # the default load: longhaul runs its kernels
     lh = tool("llama-cli", "--model", str(model), "--longhaul", "--longhaul-cache", "2", *args[2:])
     assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]
     answer = lambda out: out.split(b"> hello", 1)[1].split(b"[ Prompt:", 1)[0]  # noqa: E731
@@ -231,7 +231,7 @@ def _concurrent(base: str) -> list[str]:
 
 
 def test_server_concurrent_clients_match_normal_load(model) -> None:
-    with server(model, env=TOOL_ENV_PLAIN_EXPERTS) as base:  # longhaul's kernels
+    with server(model) as base:  # the default load: longhaul runs its kernels
         ref = _concurrent(base)
     with server(model, "--longhaul", "--longhaul-cache", "2", "--metrics") as base:
         first_timings = _timings(base)  # alone on a cold cache: this response read everything read so far

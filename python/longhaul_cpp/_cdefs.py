@@ -229,6 +229,9 @@ struct llama_longhaul_stats {
     double   t_read_s;
     double   t_wait_s;
     uint64_t n_retries;
+    uint64_t bytes_converted;
+    double   t_convert_s;
+    double   t_hidden_s;
 };
 int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
 bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats);

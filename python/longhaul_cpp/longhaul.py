@@ -21,7 +21,8 @@ PLAIN_EXPERTS_ENV = "LLAMA_LONGHAUL_PLAIN_EXPERTS"
 
 @contextlib.contextmanager
 def plain_expert_banks() -> Iterator[None]:
-    """Models loaded inside keep their routed expert banks in the plain CPU layout (PLAIN_EXPERTS_ENV)."""
+    """Models loaded inside keep their routed experts in the plain CPU layout (PLAIN_EXPERTS_ENV): a normal
+    load's expert banks and longhaul's slots; resident weights keep the optimized buffer types."""
     old = os.environ.get(PLAIN_EXPERTS_ENV)
     os.environ[PLAIN_EXPERTS_ENV] = "1"
     try:
@@ -80,6 +81,9 @@ class LayerStats:
     t_read_s: float
     t_wait_s: float
     n_retries: int  # slices read a second time: every slice of an expert whose read failed, once
+    bytes_converted: int  # expert bytes converted into the CPU's repacked layout as they were written
+    t_convert_s: float    # seconds the reading threads spent converting (part of t_read_s)
+    t_hidden_s: float     # read seconds that ran while the graph computed cached experts (not waited on)
 
     @property
     def hit_rate(self) -> float:

@@ -34,12 +34,13 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None) -> di
         targets.append({"target": name, "goal": goal, "measured": value,
                         "met": None if value is None else value >= goal, "detail": detail})
 
-    plain_pp = find(runs, "resident", "pp", load="normal", layout="plain")
-    plain_tg = find(runs, "resident", "tg", load="normal", layout="plain")
+    # longhaul's slots take the default load's layout (repacked where the CPU repacks the banks)
+    default_pp = find(runs, "resident", "pp", load="normal", layout="repacked")
+    default_tg = find(runs, "resident", "tg", load="normal", layout="repacked")
     lh_pp = find(runs, "allcached", "pp", load="longhaul")
     lh_tg = find(runs, "allcached", "tg", load="longhaul")
-    target("every expert cached: generation / resident (same layout)", ratio(lh_tg, plain_tg), 0.95)
-    target("every expert cached: prompt / resident (same layout)", ratio(lh_pp, plain_pp), 0.90)
+    target("every expert cached: generation / resident (default load, same layout)", ratio(lh_tg, default_tg), 0.95)
+    target("every expert cached: prompt / resident (default load, same layout)", ratio(lh_pp, default_pp), 0.95)
     for kind, cold in (("cold", True), ("steady", False)):
         target(f"under the cap, {kind}: longhaul generation / mmap generation",
                ratio(find(runs, "cap", "tg", load="longhaul", cold=cold), find(runs, "cap", "tg", load="mmap", cold=cold)),
@@ -59,17 +60,22 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None) -> di
             n_timed = r.n_tokens * max(1, round((r.test_s or 0) * r.tokens_per_s / max(r.n_tokens, 1)))
             per_tok = 1.0 / r.tokens_per_s
             wait = (r.io_wait_s or 0.0) / max(n_timed, 1)
+            convert = (r.convert_s or 0.0) / max(n_timed, 1)
+            hidden = (r.hidden_s or 0.0) / max(n_timed, 1)
             missed = (r.expert_gib_read or 0.0) * GIB / max(n_timed, 1)
             row: dict[str, Any] = {"scenario": r.scenario, "label": r.label, "load": r.load, "routing": r.routing,
                                    "cold": r.cold,
                                    "fraction": r.fraction, "tokens_per_s": r.tokens_per_s, "s_per_token": per_tok,
-                                   "io_wait_s_per_token": wait, "expert_mib_read_per_token": missed / MIB,
+                                   "io_wait_s_per_token": wait, "convert_s_per_token": convert,
+                                   "hidden_read_s_per_token": hidden,
+                                   "expert_mib_read_per_token": missed / MIB,
                                    "hit_rate": r.hit_rate}
             if compute_s is not None:
                 row["compute_s_per_token"] = compute_s
                 row["other_s_per_token"] = max(0.0, per_tok - wait - compute_s)
                 if test == "tg" and bw is not None:
-                    bound = 1.0 / (missed / bw["bytes_per_s"] + compute_s)
+                    # overlapped: reads and compute run at the same time at best
+                    bound = 1.0 / max(missed / bw["bytes_per_s"], compute_s)
                     row["bound_tokens_per_s"] = bound
                     row["of_bound"] = r.tokens_per_s / bound
             rows.append(row)

@@ -56,20 +56,25 @@ def markdown(res: dict[str, Any]) -> str:
     if pt:
         lines += ["", "Where prompt time goes (ms per prompt token; compute = every expert cached; the sync "
                   "reads a wave's experts, then its matmuls run: no overlap):", "",
-                  "| run | routing | t/s | I/O wait | compute | other |", "|---|---|---:|---:|---:|---:|"]
+                  "| run | routing | t/s | I/O wait | (converting) | compute | other |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
         for b in pt:
             ms = lambda k: _fmt(None if k not in b else 1000 * b[k], ".2f")  # noqa: E731
             lines.append(f"| {b['scenario']}: {b['label']} | {b['routing']} | {b['tokens_per_s']:.2f} | "
-                         f"{ms('io_wait_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} |")
+                         f"{ms('io_wait_s_per_token')} | {ms('convert_s_per_token')} | {ms('compute_s_per_token')} | "
+                         f"{ms('other_s_per_token')} |")
     gt = res["analysis"]["generation_time"]
     if gt:
-        lines += ["", "Where generation time goes (ms per token; compute = every expert cached):", "",
-                  "| run | routing | t/s | I/O wait | compute | other | bound t/s | of bound |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "Where generation time goes (ms per token; compute = every expert cached; reads hidden = read "
+                  "time that overlapped the cached experts' matmuls; bound = max(expert bytes / probed read "
+                  "bandwidth, compute)):", "",
+                  "| run | routing | t/s | I/O wait | (converting) | reads hidden | compute | other | bound t/s | of bound |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for b in gt:
             ms = lambda k: _fmt(None if k not in b else 1000 * b[k], ".1f")  # noqa: E731
             lines.append(f"| {b['scenario']}: {b['label']} | {b['routing']} | {b['tokens_per_s']:.2f} | "
-                         f"{ms('io_wait_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} | "
+                         f"{ms('io_wait_s_per_token')} | {ms('convert_s_per_token')} | "
+                         f"{ms('hidden_read_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} | "
                          f"{_fmt(b.get('bound_tokens_per_s'), '.1f')} | {_fmt(b.get('of_bound'), '.2f')} |")
     return "\n".join(lines) + "\n"
 

@@ -16,7 +16,7 @@ class Run:
     scenario: str
     label: str                 # for display only: analysis and reports join runs by the fields below
     load: str                  # LOADS
-    layout: str                # LAYOUTS: the load's buffer types (longhaul's expert slots are plain either way)
+    layout: str                # LAYOUTS: the load's buffer types (longhaul's expert slots follow them)
     routing: str
     test: str                  # "pp512", "tg128", ...
     budget_bytes: int | None   # longhaul budget, None for a normal load
@@ -29,6 +29,8 @@ class Run:
     hit_rate: float | None = None
     expert_gib_read: float | None = None
     io_wait_s: float | None = None
+    convert_s: float | None = None      # of the reads: converting experts into the repacked layout
+    hidden_s: float | None = None       # read seconds that overlapped compute (two-pass decode)
     test_s: float | None = None         # timed seconds of the test (all repetitions)
     peak_rss_gib: float | None = None
     cgroup_peak_gib: float | None = None

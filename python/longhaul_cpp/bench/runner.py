@@ -76,6 +76,8 @@ def measure(scenario: str, label: str, routing: str, model: Path, n_prompt: int,
                 run.hit_rate = float(r["longhaul_hit_rate"])
                 run.expert_gib_read = float(r["longhaul_gib_read"])
                 run.io_wait_s = float(r.get("longhaul_wait_s", 0.0))
+                run.convert_s = float(r.get("longhaul_convert_s", 0.0))
+                run.hidden_s = float(r.get("longhaul_hidden_s", 0.0))
         else:
             lines = [ln for ln in res.stderr_tail.splitlines() if ln.strip()]
             run.status = "failed" if res.status == "ok" else res.status

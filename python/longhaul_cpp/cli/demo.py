@@ -5,7 +5,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ..longhaul import parse_cache_size, plain_expert_banks
+from ..longhaul import parse_cache_size
 from ..model import LoadMode, Model
 from .common import add_spec_args, cached_model, spec_from
 
@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise ValueError("--longhaul-cache is required with --model")
 
-    # the normal load with longhaul's kernels (expert banks in the plain layout): identical tokens
-    # are then expected on any CPU, whatever its repacked kernels do
-    with plain_expert_banks(), Model(path, load_mode=LoadMode.NONE, n_gpu_layers=0) as model:
+    # the normal load: longhaul's slots take its layouts (repacked where the CPU repacks the expert
+    # banks), so it runs the same kernels and identical tokens are expected on any CPU
+    with Model(path, load_mode=LoadMode.NONE, n_gpu_layers=0) as model:
         ref, tp, tg, n_prompt = _generate_timed(model, args.prompt, args.n_predict)
     print(f"normal load:   prompt {n_prompt / tp:8.1f} tokens/s, generation {len(ref) / max(tg, 1e-9):8.1f} tokens/s")
 
