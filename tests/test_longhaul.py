@@ -330,8 +330,10 @@ def test_failed_read_is_retried_once(make_model, monkeypatch) -> None:
     ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
     assert ids == ref
     st = info["stats"].total
-    # the expert whose read failed is read again: its 3 slices (gate, up, down)
-    assert st.n_retries == 3 and st.n_reads == st.n_misses * 3 + 3
+    # the slices of the failed read are read again: whole experts (gate, up, down); one expert's 3 slices
+    # with buffered reads, the adjacent experts read together with it with O_DIRECT
+    assert st.n_retries > 0 and st.n_retries % 3 == 0 and st.n_reads == st.n_misses * 3 + st.n_retries
+    assert st.n_retries == 3 or os.environ.get("LLAMA_LONGHAUL_DIRECT") != "0"
 
 
 def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path) -> None:

@@ -12,9 +12,11 @@ import dataclasses
 from typing import Any
 
 from .longhaul import SUPPORTED_ARCHS
+from .synthetic_vocab import INKLING_N_VOCAB
 
 ARCHS = SUPPORTED_ARCHS  # every arch longhaul supports
 TYPES = ("f32", "f16", "q8_0", "q4_0")
+VOCABS = ("bytes", "inkling", "inkling-fallback")  # see synthetic_vocab
 
 # byte-level SPM vocabulary: <unk>, <s>, </s>, then one token per byte
 N_SPECIAL = 3
@@ -52,6 +54,9 @@ class SyntheticSpec:
     rel_extent_swa: int = _opt(12, "inkling: bias band of the SWA layers")
     logit_scale_denom: float = _opt(2.0, "inkling: logit divisor")
     n_vocab_pad: int = _opt(5, "inkling: padded vocabulary rows (masked to -inf)")
+    vocab: str = _opt("bytes", "tokenizer: bytes (byte-level SPM, every arch) | inkling (Inkling's BPE vocabulary, "
+                      "pre-tokenizer and special ids; arch inkling) | inkling-fallback (the same, special ids by "
+                      "the conversion's fallback: a tokenizer without added_tokens_decoder)", VOCABS)
     n_ctx_train: int = _opt(4096, "training context length")
     router_skew: float = _opt(0.0, "0 = uniform routing; > 0 = Zipf-like expert popularity (router row e scaled by "
                               "(1 + rank) ** -skew; 1.2 gives ~55%% LRU hits with 1/8 of the experts cached)")
@@ -81,6 +86,10 @@ class SyntheticSpec:
             raise ValueError("router_skew must be >= 0 (0 = uniform routing)")
         if self.arch in ("laguna", "inkling") and not 0 <= self.n_layer_dense_lead < self.n_layer:
             raise ValueError(f"{self.arch} needs 0 <= n_layer_dense_lead < n_layer")
+        if self.vocab not in VOCABS:
+            raise ValueError(f"vocab '{self.vocab}' is not one of {', '.join(VOCABS)}")
+        if self.vocab != "bytes" and self.arch != "inkling":
+            raise ValueError(f"vocab '{self.vocab}' is Inkling's tokenizer: use it with arch inkling")
         if self.arch == "inkling" and (self.n_swa < 1 or self.rel_extent < 1 or self.rel_extent_swa < 1 or self.d_rel < 1):
             raise ValueError("inkling needs n_swa, d_rel, rel_extent and rel_extent_swa >= 1")
 
@@ -99,7 +108,14 @@ class SyntheticSpec:
     @property
     def n_vocab(self) -> int:
         """Rows of the embedding and output matrices (the tokenizer's vocabulary, padded for inkling)."""
+        if self.vocab != "bytes":
+            return INKLING_N_VOCAB + self.n_vocab_pad
         return N_VOCAB + (self.n_vocab_pad if self.arch == "inkling" else 0)
+
+    @property
+    def n_vocab_unpadded(self) -> int:
+        """The tokenizer's vocabulary (below it, the rows that are real tokens)."""
+        return self.n_vocab - (self.n_vocab_pad if self.arch == "inkling" else 0)
 
     def expert_bytes(self) -> int:
         """Bytes of one routed expert (gate + up + down) of one layer, in the file."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from .paths import shard_paths
 from .synthetic import BOS_ID, EOS_ID, N_SPECIAL, N_VOCAB, UNK_ID, SyntheticSpec
+from .synthetic_vocab import inkling_vocab, regular_token_count
 
 
 # ---- random tensors ---------------------------------------------------------------------------
@@ -71,7 +72,11 @@ def _tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
 
     def out_fill(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         w = rng.standard_normal(shape, dtype=np.float32) * np.float32(inv(E))
-        w[:N_SPECIAL] = 0.0  # special tokens never win greedy decoding: generation runs its full length
+        # special tokens never win greedy decoding: generation runs its full length
+        if spec.vocab == "bytes":
+            w[:N_SPECIAL] = 0.0
+        else:
+            w[regular_token_count():] = 0.0  # unused fillers and the special ids
         return w
 
     yield _Tensor("token_embd.weight", (E, spec.n_vocab), "matrix", 1.0)
@@ -262,7 +267,7 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
         w.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
         w.add_float32(f"{a}.expert_weights_scale", 8.0)
         w.add_uint32(f"{a}.expert_gating_func", 2)  # sigmoid
-        w.add_uint32(f"{a}.unpadded_vocab_size", N_VOCAB)
+        w.add_uint32(f"{a}.unpadded_vocab_size", spec.n_vocab_unpadded)
         w.add_uint32(f"{a}.d_rel", spec.d_rel)
         w.add_uint32(f"{a}.rel_extent", spec.rel_extent)
         w.add_uint32(f"{a}.rel_extent_swa", spec.rel_extent_swa)
@@ -275,6 +280,9 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
     # llama_ftype of the bulk of the weights (the routed experts), for the model description
     w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}[spec.expert_type])
 
+    if spec.vocab != "bytes":
+        _add_inkling_tokenizer(w, spec)
+        return
     n_pad = spec.n_vocab - N_VOCAB  # padded rows: unused tokens, masked by the arch (inkling)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [f"<pad_{i}>" for i in range(n_pad)]
     w.add_tokenizer_model("llama")
@@ -288,6 +296,19 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
     w.add_add_space_prefix(False)
+
+
+def _add_inkling_tokenizer(w, spec: SyntheticSpec) -> None:
+    v = inkling_vocab(spec.n_vocab_pad, added_tokens_decoder=spec.vocab == "inkling")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("inkling")
+    w.add_token_list(v.tokens)
+    w.add_token_types(v.types)
+    w.add_token_merges(v.merges)
+    w.add_bos_token_id(v.eos_id)  # pinned to EOS, never added
+    w.add_eos_token_id(v.eos_id)
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
 
 
 def make_model(spec: SyntheticSpec, path: str | Path, *, n_shards: int = 1,
