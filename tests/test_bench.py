@@ -95,6 +95,19 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     assert {t["load"] for t in ttft} == {"mmap", "longhaul"} and all(t["seconds"] > 0 for t in ttft)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping the page cache needs root")
+def test_read_bandwidth_probe(make_model) -> None:
+    from longhaul_cpp.bench.disk import expert_slices, read_bandwidth
+
+    model = _tiny(make_model)
+    slices, size = expert_slices(model)
+    assert slices and size > 0
+    bw = read_bandwidth(model, threads=3, total=64 * size)
+    assert bw["n_reads"] == min(len(slices), 64) and bw["slice_bytes"] == size
+    assert bw["cold_bytes_per_s"] > 0 and bw["reread_bytes_per_s"] > 0
+    assert bw["bytes_per_s"] == max(bw["cold_bytes_per_s"], bw["reread_bytes_per_s"])  # the bound: the faster
+
+
 def test_run_process_reports_io_and_rss(tmp_path) -> None:
     f = tmp_path / "blob"
     with open(f, "wb") as fh:

@@ -1,5 +1,5 @@
 """`longhaul-cpp bench`: longhaul against a normal load, against mmap under the same memory cap,
-and against the disk's physical bound.
+and against the overlapped bound of compute and reads.
 
 Every measurement is a separate process of the packaged `llama-bench` (the model loaded once per
 process); the harness reads llama-bench's JSON (tokens/s and the library's longhaul counters of the

@@ -43,7 +43,7 @@ def measure(scenario: str, label: str, routing: str, model: Path, n_prompt: int,
     Cold: the page cache is dropped first, no warmup, one repetition. Under a cap the page cache is
     always dropped first: pages cached from outside the cgroup would not count against its limit,
     so a capped steady state is reached by the tool's own warmup, inside the cap. `drop`: also drop
-    it for a warm run (the sweep: expert reads then come from the disk, as the physical bound assumes)."""
+    it for a warm run (the sweep: expert reads then come from the disk, as the overlapped bound assumes)."""
     argv = llama_bench_argv(model, n_prompt, n_gen, threads=threads, load=load, budget=budget, repack=repack,
                             reps=1 if cold else reps, warmup=not cold, ubatch=ubatch)
     if cold or cap is not None or drop:
@@ -176,10 +176,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
     bw = None
     if "sweep" in cfg.scenarios:
         if cfg.cold:
-            bw = read_bandwidth(m0, threads=min(8, os.cpu_count() or 1))
+            bw = read_bandwidth(m0, threads=min(8, os.cpu_count() or 1) + 1)  # the pool and the caller
             res["read_bandwidth"] = bw
-            log(f"cold random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices: "
-                f"{bw['bytes_per_s'] / MIB:.0f} MiB/s")
+            log(f"random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices: cold "
+                f"{bw['cold_bytes_per_s'] / MIB:.0f} MiB/s, read again {bw['reread_bytes_per_s'] / MIB:.0f} MiB/s")
         for routing, model in models.items():
             log(f"budget sweep, {routing} routing (steady state)")
             for f in cfg.fractions:

@@ -11,7 +11,7 @@ from .common import Progress
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark longhaul against a normal load, mmap under a memory cap and the "
-                       "disk's physical bound (see docs/benchmark.md)",
+                       "overlapped bound of compute and reads (see docs/benchmark.md)",
                        description="Runs each scenario as separate llama-bench processes and writes results.json, "
                        "results.md and results.png. The memory-cap scenario and cold measurements need root "
                        "(cgroup memory controller, dropping the page cache).")
