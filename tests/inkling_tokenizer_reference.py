@@ -1,6 +1,7 @@
 """An independent Python tokenizer for Inkling's pre-tokenizer "inkling": the o200k regex with \\p{M} in both
 letter classes (combining marks stay with their base letter), run with the `regex` module, then byte-level
-BPE by merge rank. Written from the facts in ../shared/notes/inkling.md, not from the library's code.
+BPE by merge rank. Written from the facts in ../shared/notes/inkling.md, not from the library's code
+(only the byte alphabet, the vocabulary's spelling, comes from the generator).
 
 The regex is written in the lookahead form llama.cpp's generic regex path runs (its engine has no letter
 case classes): a run of letters or marks other than a-z, then one of letters or marks other than A-Z.
@@ -10,6 +11,8 @@ test texts tell the two apart.
 from __future__ import annotations
 
 import regex
+
+from longhaul_cpp.synthetic_vocab import bytes_to_unicode
 
 _SUFFIX = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 
@@ -26,25 +29,13 @@ INKLING_REGEX = _o200k("\\p{L}\\p{M}")
 OLD_REGEX = _o200k("\\p{L}")
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
 class ReferenceBpe:
     """Byte-level BPE over a GGUF vocabulary (tokens and "left right" merges)."""
 
     def __init__(self, tokens: list[str], merges: list[str]) -> None:
         self.ids = {t: i for i, t in enumerate(tokens)}
         self.ranks = {tuple(m.split(" ")): r for r, m in enumerate(merges)}
-        self.byte_chars = _bytes_to_unicode()
+        self.byte_chars = bytes_to_unicode()  # the vocabulary's spelling of bytes (GPT-2's alphabet)
 
     def pre_tokenize(self, text: str, pattern: str = INKLING_REGEX) -> list[str]:
         return [m.group(0) for m in regex.finditer(pattern, text)]

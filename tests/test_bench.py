@@ -108,6 +108,38 @@ def test_read_bandwidth_probe(make_model) -> None:
     assert bw["bytes_per_s"] == max(bw["cold_bytes_per_s"], bw["reread_bytes_per_s"])  # the bound: the faster
 
 
+@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+def test_reads_bypass_the_page_cache_only_under_a_memory_limit(make_model) -> None:
+    """The library reads experts with O_DIRECT when the memory it may still use (MemAvailable, each enclosing
+    cgroup's limit minus usage) cannot hold the experts outside its cache, buffered otherwise."""
+    import subprocess
+
+    from longhaul_cpp.tools import tool_path
+
+    # 214 MiB of routed experts, one slot per layer cached: about that much streams
+    spec = SyntheticSpec(arch="qwen3moe", n_layer=4, n_embd=512, n_head=8, n_head_kv=2, n_expert=64, n_expert_used=2,
+                         n_ff_exp=512, expert_type="q8_0", weight_type="q8_0")
+    model = make_model(**dataclasses.asdict(spec))[0]
+    argv = [str(tool_path("llama-completion")), "-m", str(model), "-p", "hi", "-n", "2", "-no-cnv", "-t", "2",
+            "--no-warmup", "-c", "256", "-v", "--longhaul", "--longhaul-cache", str(spec.budget_for(1) / 2**30)]
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_LONGHAUL_DIRECT"}
+    free = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=300)
+    assert free.returncode == 0, free.stderr[-2000:]
+    assert "0 of 1 shard(s) read with O_DIRECT" in free.stderr  # plenty of memory: the page cache helps
+    with MemoryCap(160 * 2**20) as cap:
+        capped = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=300,
+                                preexec_fn=lambda: cap.add(os.getpid()))
+    assert capped.returncode == 0, capped.stderr[-2000:]
+    line = next(x for x in capped.stderr.splitlines() if "read with O_DIRECT" in x)
+    assert "MiB of memory available" in line
+    try:  # a filesystem that refuses O_DIRECT (tmpfs) keeps the shard buffered
+        os.close(os.open(model, os.O_RDONLY | os.O_DIRECT))
+        direct_ok = True
+    except OSError:
+        direct_ok = False
+    assert f"{int(direct_ok)} of 1 shard(s) read with O_DIRECT" in line
+
+
 def test_run_process_reports_io_and_rss(tmp_path) -> None:
     f = tmp_path / "blob"
     with open(f, "wb") as fh:
