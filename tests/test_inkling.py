@@ -14,6 +14,7 @@ import pytest
 
 import inkling_reference as ref
 from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec
+from longhaul_cpp.modelinfo import wave_syncs
 
 PROMPT = "Inkling: banded relative bias, short convolutions, sink-normalized routing!! "  # 78 bytes
 N_DECODE = 16
@@ -156,8 +157,9 @@ def test_longhaul_inkling_equals_normal_load(make_model, caplog, shards, slots) 
         assert all(layer.n_stages == stages * layer.n_batches for layer in st.layers)
         assert any(f"routed MoE runs one token at a time in {stages} stages" in r.getMessage() for r in caplog.records)
     else:
-        # one stage per decode step; the prompt (one ubatch) in ceil(min(n_expert, n_prompt * k) / slots) waves
-        waves = -(-min(spec.n_expert, len(prompt) * k) // slots) if slots < spec.n_expert else 1
+        # one stage per decode step; the prompt (one ubatch) in ceil(min(n_expert, n_prompt * k) / slots) waves,
+        # one synchronization per wave of its graph (compact waves: more, the last ones empty)
+        waves = wave_syncs(slots, spec.n_expert, k, len(prompt))
         assert all(layer.n_stages == layer.n_batches - 1 + waves for layer in st.layers)
         if slots < spec.n_expert:
             assert any("expert waves" in r.getMessage() for r in caplog.records)

@@ -19,6 +19,7 @@ import pytest
 
 from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, lib, parse_cache_size, plain_expert_banks
 from longhaul_cpp._lib import ffi
+from longhaul_cpp.modelinfo import expert_waves, wave_syncs
 
 
 PROMPT = ("Longhaul keeps dense weights resident and streams routed experts from the file; "
@@ -85,7 +86,9 @@ def test_longhaul_equals_normal_load(make_model, arch, et, extra, shards, slots)
     if n_slots < k:  # staged MoE: every token runs ceil(k / slots) stages
         assert all(layer.n_stages == -(-k // n_slots) * layer.n_batches for layer in st.layers)
     else:  # the prompt (one ubatch) runs in ceil(min(n_expert, n_prompt * k) / slots) waves, decode in one
-        waves = {"all": 1, "2k": 2, "3k/2": 3, "k": 4}[slots]  # ceil(16 / slots): the prompt selects all 16
+        assert expert_waves(n_slots, spec.n_expert, k, info["n_prompt"]) == {"all": 1, "2k": 2, "3k/2": 3, "k": 4}[slots]
+        # one synchronization per wave of the graph (compact waves: more, the last ones empty)
+        waves = wave_syncs(n_slots, spec.n_expert, k, info["n_prompt"])
         # some archs compute only the output rows (1 token) in the last layer: one wave there
         last = spec.n_layer - 1
         assert all(layer.n_stages - (layer.n_batches - 1) in ((waves,) if layer.il != last else (1, waves))
@@ -208,7 +211,7 @@ def test_waves_over_several_ubatches(make_model, caplog, n_ubatch) -> None:
     assert any("expert waves" in r.getMessage() for r in caplog.records)
     k, n_prompt = spec.n_expert_used, info["n_prompt"]
     full, rest = divmod(n_prompt, n_ubatch)
-    waves = lambda t: -(-min(spec.n_expert, t * k) // 5)  # noqa: E731
+    waves = lambda t: wave_syncs(5, spec.n_expert, k, t)  # noqa: E731
     expect = full * waves(n_ubatch) + (waves(rest) if rest else 0)
     n_prompt_ubatches = full + (1 if rest else 0)
     for layer in info["stats"].layers:
@@ -340,14 +343,18 @@ def test_failed_read_is_retried_once(make_model, monkeypatch) -> None:
     assert st.n_retries == 3 or os.environ.get("LLAMA_LONGHAUL_DIRECT") == "1"
 
 
-def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path) -> None:
+@pytest.mark.parametrize("slots", ["all", "k"])
+def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path, monkeypatch, slots) -> None:
     """A read that fails twice fails the decode: LlamaError and llama_model_longhaul_error carry the file
-    and offset; the syncs after the failed one read nothing; the next decode starts clean."""
+    and offset; the syncs after the failed one read nothing; the next decode starts clean. Also when the
+    prompt runs in pipelined expert waves (k slots), whose reads fail while a wave computes."""
     spec = spec_of("qwen3moe", "q8_0", {})
     paths = make_model(n_shards=3, **dataclasses.asdict(spec))
     for p in paths:
         shutil.copy(p, tmp_path / p.name)
-    budget = budget_for(spec, spec.n_expert)
+    budget = budget_for(spec, spec.n_expert if slots == "all" else spec.n_expert_used)
+    if slots == "k":
+        monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "1")
     with Model(tmp_path / paths[0].name, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget) as m:
         with m.context(n_ctx=512, n_threads=2) as ctx:
             assert m.longhaul_error() == ""
@@ -358,14 +365,32 @@ def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path) -> None
                 ctx.decode(m.tokenize(PROMPT))
             assert "short read from" in m.longhaul_error()
             layers = m.longhaul_stats().layers
-            failed = next(i for i, lay in enumerate(layers) if lay.n_reads > 0 and lay.bytes_read == 0)
-            assert layers[failed].n_retries > 0
+            failed = next(i for i, lay in enumerate(layers) if lay.n_retries > 0)
+            if slots == "all":  # one read of all the layer's experts
+                assert layers[failed].n_reads > 0 and layers[failed].bytes_read == 0
             assert all(lay.n_reads == 0 for lay in layers[failed + 1:])  # no reads after the failure
             for p in paths[1:]:
                 shutil.copy(p, tmp_path / p.name)
             ctx.reset()
-            ctx.decode(m.tokenize(PROMPT))
+            ids = list(ctx.greedy(m.tokenize(PROMPT), N_GEN))
             assert m.longhaul_error() == ""  # cleared when a decode starts
+    ref, _, _ = run_greedy(tmp_path / paths[0].name, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    assert ids == ref  # nothing of the failed decode is used (slots of failed reads are never hits)
+
+
+def test_failed_read_in_a_pipelined_wave_is_retried(make_model, monkeypatch) -> None:
+    """A read that fails while an expert wave computes (the next wave's, started by the wave's sync) is
+    retried when the next wave's sync waits for it: the output is a clean run's."""
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    budget = budget_for(spec, spec.n_expert_used)  # waves of k / 2 experts: wave 0 reads 2 x 3 slices at once
+    monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "1")
+    ref, _, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    monkeypatch.setenv("LLAMA_LONGHAUL_FAIL_READ", "8")  # in wave 1's reads, started while wave 0 computes
+    ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    assert ids == ref
+    st = info["stats"].total
+    assert st.n_retries > 0 and st.t_hidden_s > 0
 
 
 def test_missing_shard_fails_the_load(make_model, tmp_path) -> None:
@@ -533,6 +558,7 @@ def test_two_pass_decode_overlaps_reads_and_changes_nothing(make_model, monkeypa
     spec = spec_of(arch, "q4_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
     budget = budget_for(spec, 2 * spec.n_expert_used)  # generation keeps missing some experts
+    monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "0")  # the prompt's waves hide nothing
     ids, logits, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
     monkeypatch.setenv("LLAMA_LONGHAUL_OVERLAP", "0")
     ids0, logits0, info0 = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
@@ -542,6 +568,48 @@ def test_two_pass_decode_overlaps_reads_and_changes_nothing(make_model, monkeypa
     assert st.n_misses == st0.n_misses and st.bytes_read == st0.bytes_read  # the same plan, pass by pass
     assert st.t_hidden_s > 0 and st0.t_hidden_s == 0
     assert st.n_stages == st0.n_stages  # the two passes are one synchronization
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "inkling"])
+@pytest.mark.parametrize("slots", ["2k", "k"])
+def test_pipelined_waves_overlap_reads_and_change_nothing(make_model, monkeypatch, arch, slots) -> None:
+    """A prompt in expert waves: each wave's sync starts reading the next wave's missing experts, which
+    then load while the wave computes. The same ids and logits as waves that read when they start
+    (LLAMA_LONGHAUL_PIPELINE=0), bit for bit; read time is hidden only when pipelined; every expert a wave
+    needs is read once either way."""
+    spec = spec_of(arch, "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    k = spec.n_expert_used
+    budget = budget_for(spec, {"2k": 2 * k, "k": k}[slots])
+    monkeypatch.setenv("LLAMA_LONGHAUL_OVERLAP", "0")  # no two-pass decode: only the waves hide reads
+    results = {}
+    for pipeline in ("1", "0"):
+        monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", pipeline)
+        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, use_extra_bufts=False) as m, \
+                m.context(n_ctx=512, n_threads=2) as ctx:
+            prompt = m.tokenize(PROMPT)
+            ctx.decode(prompt)  # one ubatch, in waves
+            logits = ctx.logits().copy()
+            st = m.longhaul_stats()
+        results[pipeline] = (logits, st)
+    (logits1, st1), (logits0, st0) = results["1"], results["0"]
+    np.testing.assert_array_equal(logits1, logits0)
+    n_prompt = len(prompt)
+    for layer1, layer0 in zip(st1.layers, st0.layers):
+        if layer1.il == spec.n_layer - 1:
+            continue  # some archs compute only the output row there: one token, no waves
+        assert layer1.n_stages == wave_syncs(layer1.n_slots, spec.n_expert, k, n_prompt, pipelined=True)
+        assert layer0.n_stages == wave_syncs(layer0.n_slots, spec.n_expert, k, n_prompt)
+        # a cold cache: every distinct expert of the ubatch is read once, in both plans
+        assert layer1.n_misses == layer0.n_misses <= spec.n_expert and layer1.n_hits == layer0.n_hits == 0
+    assert st1.total.t_hidden_s > 0 and st0.total.t_hidden_s == 0
+    # and the whole run (prompt, then decode with its two passes) equals a normal load
+    monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "1")  # (as under a memory limit, where the reads bypass the page cache)
+    monkeypatch.delenv("LLAMA_LONGHAUL_OVERLAP")
+    ref_ids, ref_logits = reference(path, 512)
+    ids, logits, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, use_extra_bufts=False)
+    assert ids == ref_ids
+    np.testing.assert_array_equal(logits, ref_logits)
 
 
 def test_failed_read_in_flight_is_retried(make_model, monkeypatch) -> None:

@@ -4,7 +4,12 @@ The numbers follow the library's rules (src/llama-longhaul.cpp): the budget is s
 over the routed MoE layers, slots = min(n_expert, layer budget // bytes of one expert). A layer
 with fewer slots than n_expert_used runs one token at a time (the ubatch becomes 1), its routed
 experts in ceil(n_expert_used / slots) stages. Otherwise the ubatch is kept, and a ubatch whose
-experts do not fit runs in ceil(min(n_expert, n_tokens * n_expert_used) / slots) expert waves.
+experts do not fit runs in expert waves: ceil(min(n_expert, n_tokens * n_expert_used) / wave slots),
+where the wave slots are all the slots, or half of them when the waves are pipelined (a wave's reads
+run while the wave before it computes: where the reads bypass the page cache, or with
+LLAMA_LONGHAUL_PIPELINE=1). Where that is cheaper, the waves are compact (each runs
+only its own pairs, at most n_tokens) and the graph has waves + 2 * n_expert_used of them, the last
+ones empty when the routing needs fewer (LLAMA_LONGHAUL_COMPACT=0: never).
 """
 from __future__ import annotations
 
@@ -16,6 +21,28 @@ from .longhaul import SUPPORTED_ARCHS
 from .paths import shard_list
 
 _BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+
+
+def expert_waves(n_slots: int, n_expert: int, n_expert_used: int, n_tokens: int, pipelined: bool = False) -> int:
+    """The expert waves a layer with n_slots runs a ubatch of n_tokens in (1: one pass), each loading at
+    most its wave slots (llama_longhaul::n_waves)."""
+    if n_slots <= 0 or n_slots >= n_expert or n_slots < n_expert_used:
+        return 1  # everything cached, or one token's experts run in stages
+    n_sel = min(n_expert, n_tokens * n_expert_used)
+    if n_sel <= n_slots:
+        return 1
+    wave_slots = n_slots // 2 if pipelined and n_slots >= 2 else n_slots
+    return -(-n_sel // wave_slots)
+
+
+def wave_syncs(n_slots: int, n_expert: int, n_expert_used: int, n_tokens: int, compact: bool = True,
+               pipelined: bool = False) -> int:
+    """The synchronizations (the stats' n_stages) of such a ubatch: one per wave of its graph, which has
+    waves + 2 * n_expert_used compact waves where their rows are fewer than the full waves' rows
+    (llama_longhaul::compact_waves_for)."""
+    waves = expert_waves(n_slots, n_expert, n_expert_used, n_tokens, pipelined)
+    n_compact = waves + 2 * n_expert_used
+    return n_compact if compact and waves > 1 and n_compact < waves * n_expert_used else waves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +83,10 @@ class ModelInfo:
         return 1 if 0 < s < self.n_expert_used else n_ubatch
 
     def waves(self, budget: int, n_tokens: int = 512) -> int:
-        """Expert waves of the largest layer plan for a ubatch of n_tokens (1 = one pass)."""
-        k = max(1, self.n_expert_used)
-        worst = 1
-        for s in self.slots(budget).values():
-            if 0 < s < self.n_expert and s >= k:
-                worst = max(worst, -(-min(self.n_expert, n_tokens * k) // s))
-        return worst
+        """Expert waves of the largest layer plan for a ubatch of n_tokens (1 = one pass), as the library
+        logs them with reads through the page cache: the waves of the graph, compact ones included."""
+        return max((wave_syncs(s, self.n_expert, self.n_expert_used, n_tokens) for s in self.slots(budget).values()),
+                   default=1)
 
     def stages(self, budget: int) -> int:
         s = min(self.slots(budget).values(), default=0)

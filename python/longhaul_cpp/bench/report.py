@@ -58,15 +58,15 @@ def markdown(res: dict[str, Any]) -> str:
             lines.append(f"| {t['scenario']}: {t['label']} | {t['n_prompt']} | {t['seconds']:.1f} |")
     pt = res["analysis"].get("prompt_time", [])
     if pt:
-        lines += ["", "Where prompt time goes (ms per prompt token; compute = every expert cached; the sync "
-                  "reads a wave's experts, then its matmuls run: no overlap):", "",
-                  "| run | routing | t/s | I/O wait | (converting) | compute | other |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
+        lines += ["", "Where prompt time goes (ms per prompt token; compute = every expert cached; reads hidden = "
+                  "read time that overlapped the previous expert wave's matmuls, where the waves are pipelined):", "",
+                  "| run | routing | t/s | I/O wait | (converting) | reads hidden | compute | other |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|"]
         for b in pt:
             ms = lambda k: _fmt(None if k not in b else 1000 * b[k], ".2f")  # noqa: E731
             lines.append(f"| {b['scenario']}: {b['label']} | {b['routing']} | {b['tokens_per_s']:.2f} | "
-                         f"{ms('io_wait_s_per_token')} | {ms('convert_s_per_token')} | {ms('compute_s_per_token')} | "
-                         f"{ms('other_s_per_token')} |")
+                         f"{ms('io_wait_s_per_token')} | {ms('convert_s_per_token')} | "
+                         f"{ms('hidden_read_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} |")
     gt = res["analysis"]["generation_time"]
     if gt:
         lines += ["", "Where generation time goes (ms per token; compute = every expert cached; reads hidden = read "
