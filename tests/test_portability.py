@@ -46,26 +46,6 @@ def test_patched_tree_and_tools_build_for_windows(tmp_path) -> None:
 WINE = shutil.which("wine") or shutil.which("wine64")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif((MINGW is None or WINE is None) and not os.environ.get("CI"),
-                    reason="needs mingw-w64 and wine (apt-get install g++-mingw-w64-x86-64-posix wine64)")
-def test_windows_unit_tests_run_under_wine() -> None:
-    """The Windows build of test-longhaul runs under wine: planner, waves, placement, the CPU
-    mul_mat_id contract, and the I/O pool through ReadFile with offsets and per-shard locks."""
-    assert MINGW and WINE, "CI installs g++-mingw-w64-x86-64-posix and wine64 (ci/setup.sh)"
-    build = ROOT / "build" / "mingw"
-    exe = build / "bin" / "test-longhaul.exe"
-    if not exe.is_file():  # normally built by the test above
-        subprocess.run(["bash", str(ROOT / "ci" / "mingw-build.sh"), str(build)], check=True, capture_output=True,
-                       timeout=3600)
-    gcc_dll = sorted(Path("/usr/lib/gcc/x86_64-w64-mingw32").glob("*-posix"))
-    env = dict(os.environ, WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=",
-               WINEPATH=";".join([str(p) for p in gcc_dll] + ["/usr/x86_64-w64-mingw32/lib"]))
-    r = subprocess.run([WINE, str(exe)], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0 and "all checks passed" in r.stdout, (r.stdout[-3000:], r.stderr[-3000:])
-    assert "test_io_above_4gib(direct=0)" in r.stdout  # ReadFile at offsets above 4 GiB ran
-
-
 def _wine_env() -> dict[str, str]:
     gcc_dll = sorted(Path("/usr/lib/gcc/x86_64-w64-mingw32").glob("*-posix"))
     return dict(os.environ, WINEDEBUG="-all", WINEDLLOVERRIDES="mscoree,mshtml=",
@@ -82,9 +62,32 @@ def _wine(*args: str) -> subprocess.CompletedProcess:
     return r
 
 
+def _mingw_exe(name: str) -> Path:
+    """A program of the Windows build (ci/mingw-build.sh), built here if the build test has not."""
+    build = ROOT / "build" / "mingw"
+    exe = build / "bin" / f"{name}.exe"
+    if not exe.is_file():  # normally built by test_patched_tree_and_tools_build_for_windows
+        subprocess.run(["bash", str(ROOT / "ci" / "mingw-build.sh"), str(build)], check=True, capture_output=True,
+                       timeout=3600)
+    return exe
+
+
 def _text(out: bytes) -> bytes:
     """Generated text without Windows' CRLF and the console colour codes the Windows build may print."""
     return re.sub(rb"\x1b\[[0-9;]*m", b"", out).replace(b"\r\n", b"\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif((MINGW is None or WINE is None) and not os.environ.get("CI"),
+                    reason="needs mingw-w64 and wine (apt-get install g++-mingw-w64-x86-64-posix wine64)")
+def test_windows_unit_tests_run_under_wine() -> None:
+    """The Windows build of test-longhaul runs under wine: planner, waves, placement, the CPU
+    mul_mat_id contract, and the I/O pool through ReadFile with offsets and per-shard locks."""
+    assert MINGW and WINE, "CI installs g++-mingw-w64-x86-64-posix and wine64 (ci/setup.sh)"
+    r = _wine(str(_mingw_exe("test-longhaul")))
+    out = r.stdout.decode(errors="replace")
+    assert r.returncode == 0 and "all checks passed" in out, (out[-3000:], r.stderr.decode(errors="replace")[-3000:])
+    assert "test_io_above_4gib(direct=0)" in out  # ReadFile at offsets above 4 GiB ran
 
 
 @pytest.mark.slow
@@ -99,11 +102,7 @@ def test_windows_completion_runs_longhaul_under_wine(make_model, tmp_path, shard
     from longhaul_cpp.tools import tool_path
 
     assert MINGW and WINE, "CI installs g++-mingw-w64-x86-64-posix and wine64 (ci/setup.sh)"
-    build = ROOT / "build" / "mingw"
-    exe = build / "bin" / "llama-completion.exe"
-    if not exe.is_file():  # normally built by the test above
-        subprocess.run(["bash", str(ROOT / "ci" / "mingw-build.sh"), str(build)], check=True, capture_output=True,
-                       timeout=3600)
+    exe = _mingw_exe("llama-completion")
     spec = SyntheticSpec(arch="qwen3moe", expert_type="q8_0", n_expert=16, n_expert_used=4)
     src = make_model(n_shards=shards, **dataclasses.asdict(spec))
     d = tmp_path / "modèles-模型"  # a non-ASCII directory: UTF-8 arguments, wide-string opens
