@@ -612,6 +612,32 @@ def test_pipelined_waves_overlap_reads_and_change_nothing(make_model, monkeypatc
     np.testing.assert_array_equal(logits, ref_logits)
 
 
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_waves_are_pipelined_when_reads_bypass_the_page_cache(make_model, monkeypatch, caplog, direct) -> None:
+    """Without LLAMA_LONGHAUL_PIPELINE the waves are pipelined exactly when the shards are read with O_DIRECT
+    (forced here; a file system that refuses O_DIRECT falls back to the page cache, and then they are not):
+    the load log says which, and only pipelined waves hide prompt reads."""
+    import logging
+    import re
+
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    monkeypatch.setenv("LLAMA_LONGHAUL_DIRECT", direct)
+    monkeypatch.setenv("LLAMA_LONGHAUL_OVERLAP", "0")  # no two-pass decode: only waves could hide reads
+    monkeypatch.delenv("LLAMA_LONGHAUL_PIPELINE", raising=False)
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
+        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, spec.n_expert_used)) as m, \
+                m.context(n_ctx=512, n_threads=2) as ctx:
+            ctx.decode(m.tokenize(PROMPT))  # one ubatch, in waves
+            hidden = m.longhaul_stats().total.t_hidden_s
+    n_direct = int(re.search(r"longhaul: ([0-9]+) of [0-9]+ shard\(s\) read with O_DIRECT", caplog.text).group(1))
+    assert n_direct == 0 or direct == "1"
+    pipelined = n_direct > 0
+    assert ("expert waves read the next wave's experts while they compute" in caplog.text) == pipelined
+    assert ("expert waves read their experts when they start" in caplog.text) == (not pipelined)
+    assert (hidden > 0) == pipelined
+
+
 def test_failed_read_in_flight_is_retried(make_model, monkeypatch) -> None:
     """A read that fails while the cached experts compute (a decode step's two-pass sync) is retried
     when the second pass waits for it: the output is a clean run's."""
