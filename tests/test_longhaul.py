@@ -652,3 +652,68 @@ def test_failed_read_in_flight_is_retried(make_model, monkeypatch) -> None:
     ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
     assert ids == ref
     assert info["stats"].total.n_retries == 3 and info["stats"].total.t_hidden_s > 0
+
+
+PREFETCH_TYPES = [("qwen3moe", "q8_0", {}), ("qwen35moe", "q4_0", {"merged_gate_up": True}), ("laguna", "f32", {}),
+                  ("inkling", "q8_0", {})]
+
+
+@pytest.mark.parametrize("arch,et,extra", PREFETCH_TYPES, ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("slots", ["2k", "3k/2", "k", "staged"])
+def test_prefetch_changes_no_output(make_model, monkeypatch, arch, et, extra, shards, slots) -> None:
+    """The cross-layer prefetch (LLAMA_LONGHAUL_PREFETCH=1) reads the experts the next layer's router ranks
+    highest on a layer's input while that layer computes: token ids and logits stay those of a normal load.
+    It prefetches in decode steps only, into at most n_slots - k slots (none with k slots or fewer), never in
+    the first routed layer; every prefetched byte is counted once as used or wasted."""
+    monkeypatch.setenv("LLAMA_LONGHAUL_PREFETCH", "1")
+    spec = spec_of(arch, et, extra)
+    paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
+    k = spec.n_expert_used
+    n_slots = {"2k": 2 * k, "3k/2": 3 * k // 2, "k": k, "staged": k - 1}[slots]
+    ids, logits, info = run_greedy(paths[0], 512, load_mode=LoadMode.LONGHAUL,
+                                   longhaul_cache=budget_for(spec, n_slots), use_extra_bufts=False)
+    ref_ids, ref_logits = reference(paths[0], info["n_ubatch"])
+    assert ids == ref_ids
+    np.testing.assert_array_equal(logits, ref_logits)
+    st = info["stats"]
+    assert st.layers[0].bytes_prefetched == 0  # nothing before the first routed layer predicts it
+    for lay in st.layers:
+        assert lay.bytes_prefetched == lay.bytes_prefetch_used + lay.bytes_prefetch_wasted
+        assert lay.bytes_prefetched <= max(0, n_slots - k) * lay.expert_bytes * N_GEN  # the reserve, per decode step
+        assert lay.bytes_prefetched <= lay.bytes_read
+    if n_slots > k:
+        assert st.total.bytes_prefetched > 0
+    else:
+        assert st.total.bytes_prefetched == 0
+
+
+def test_prefetch_is_off_by_default(make_model, caplog) -> None:
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    _, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 2 * spec.n_expert_used))
+    assert info["stats"].total.bytes_prefetched == 0
+    assert "cross-layer prefetch" not in caplog.text
+
+
+def test_failed_prefetch_read_is_retried(make_model, monkeypatch) -> None:
+    """A read of the prefetch that fails (the first one of the second routed layer's prefetch in the first
+    generation step) is retried when that layer's sync waits for it: the output is a clean run's."""
+    monkeypatch.setenv("LLAMA_LONGHAUL_PREFETCH", "1")
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    budget = budget_for(spec, 2 * spec.n_expert_used)
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget) as m, m.context(n_ctx=512, n_threads=2) as ctx:
+        prompt = m.tokenize(PROMPT)
+        ctx.decode(prompt)
+        n_prompt_reads = m.longhaul_stats().total.n_reads
+        m.longhaul_stats_reset()
+        ctx.decode([int(np.argmax(ctx.logits()))])
+        step = m.longhaul_stats().layers
+    assert step[1].bytes_prefetched > 0  # the second layer's prefetch read something in that step
+    ref, _, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    # read calls: the prompt's, the first layer's in the step, then the second layer's prefetch
+    monkeypatch.setenv("LLAMA_LONGHAUL_FAIL_READ", str(n_prompt_reads + step[0].n_reads + 1))
+    ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    assert ids == ref
+    assert info["stats"].layers[1].n_retries > 0 and info["stats"].total.n_retries == 3

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from longhaul_cpp import SyntheticSpec, tool_path
-from longhaul_cpp.longhaul import gib_arg
+from longhaul_cpp.longhaul import gib_arg, parse_cache_size
 
 from conftest import ROOT, run
 
@@ -70,7 +70,17 @@ def test_environment_variables(model) -> None:
     env["LLAMA_ARG_LONGHAUL_CACHE"] = "lots"
     r = run([str(tool_path("llama-completion")), "-m", str(model), "-p", "x", "-n", "1"], env=env, timeout=60,
             stdin=subprocess.DEVNULL)
-    assert r.returncode > 0 and b"expected a size in GiB" in r.stderr + r.stdout
+    assert r.returncode > 0 and b"expected a size: GiB as a number" in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("value", ["0.5", "512MiB", "500M", "0.75GiB", "1e9B", "600 mb", "0.0005TiB"])
+def test_budget_units_parse_as_in_python(model, value) -> None:
+    """--longhaul-cache takes GiB or a size with a unit; the library gets the bytes Python's
+    parse_cache_size gives for the same text (the load log prints the budget to 0.01 MiB)."""
+    r = completion(model, "--longhaul", "--longhaul-cache", value, "-n", "1")
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, err[-3000:]
+    assert f"budget {parse_cache_size(value) / 2**20:.2f} MiB," in err
 
 
 def test_cli_spec_command(model) -> None:
@@ -88,12 +98,14 @@ def test_cli_spec_command(model) -> None:
 
 @pytest.mark.parametrize("args,message", [
     (["--longhaul"], "--longhaul-cache is required with --longhaul"),
-    (["--longhaul", "--longhaul-cache", "abc"], "expected a size in GiB greater than 0"),
-    (["--longhaul", "--longhaul-cache", "0"], "expected a size in GiB greater than 0"),
-    (["--longhaul", "--longhaul-cache", "-2"], "expected a size in GiB greater than 0"),
-    (["--longhaul", "--longhaul-cache", "nan"], "expected a size in GiB greater than 0 and below 8589934592"),
-    (["--longhaul", "--longhaul-cache", "inf"], "expected a size in GiB greater than 0 and below 8589934592"),
-    (["--longhaul", "--longhaul-cache", "1e300"], "expected a size in GiB greater than 0 and below 8589934592"),
+    (["--longhaul", "--longhaul-cache", "abc"], "expected a size: GiB as a number (2, 0.5) or with a unit"),
+    (["--longhaul", "--longhaul-cache", "0"], "expected a size above 0 bytes and below 8 EiB"),
+    (["--longhaul", "--longhaul-cache", "-2"], "expected a size: GiB as a number"),
+    (["--longhaul", "--longhaul-cache", "nan"], "expected a size: GiB as a number"),
+    (["--longhaul", "--longhaul-cache", "inf"], "expected a size: GiB as a number"),
+    (["--longhaul", "--longhaul-cache", "1e300"], "expected a size above 0 bytes and below 8 EiB (2^63 bytes)"),
+    (["--longhaul", "--longhaul-cache", "2 parsecs"], "unknown unit 'parsecs' in '2 parsecs': use B, K, KB, KiB"),
+    (["--longhaul", "--longhaul-cache", "0.5B"], "expected a size above 0 bytes"),
     (["--longhaul-cache", "2"], "--longhaul-cache is only used with --longhaul"),
     (["--longhaul", "--longhaul-cache", "2", "--cpu-moe"], "--cpu-moe or --n-cpu-moe"),
     (["--longhaul", "--longhaul-cache", "2", "-ot", "exps=CPU"], "tensor override 'exps'"),
@@ -119,7 +131,7 @@ def test_server_refusals(model, args, message) -> None:
 def test_help_and_readme_document_the_options() -> None:
     helptext = tool("llama-completion", "--help").stdout.decode()
     readme = (ROOT / "README.md").read_text()
-    for opt in ("--longhaul", "--longhaul-cache GIB"):
+    for opt in ("--longhaul", "--longhaul-cache SIZE"):
         assert opt in helptext
     for opt in ("--longhaul", "--longhaul-cache", "--load-mode longhaul"):
         assert opt in readme
@@ -171,9 +183,17 @@ def test_bench_cold_and_warm(model) -> None:
 def test_bench_requires_the_budget(model) -> None:
     r = tool("llama-bench", "--model", str(model), "--load-mode", "longhaul", "--n-prompt", "8", "--n-gen", "0")
     assert r.returncode > 0 and "--longhaul-cache is required with --load-mode longhaul" in r.stderr.decode()
-    for bad in ("nan", "inf", "1e300", "0", "1,x"):
+    for bad in ("nan", "inf", "1e300", "0", "1,x", "2 parsecs"):
         r = bench(model, "--longhaul-cache", bad, "--n-prompt", "8", "--n-gen", "0")
-        assert r.returncode > 0 and "expected a size in GiB greater than 0" in r.stderr.decode(), bad
+        assert r.returncode > 0 and "error: --longhaul-cache: " in r.stderr.decode(), bad
+        assert "expected a size" in r.stderr.decode() or "unknown unit" in r.stderr.decode(), bad
+
+
+def test_bench_budgets_with_units(model) -> None:
+    """A list of sizes with units: the JSON's longhaul_cache is each in GiB."""
+    r = bench(model, "--longhaul-cache", "512MiB,0.25GiB", "--n-prompt", "16", "--n-gen", "0", "-r", "1", "-o", "json")
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
+    assert sorted(d["longhaul_cache"] for d in json.loads(r.stdout)) == [0.25, 0.5]
 
 
 # ---- llama-server -----------------------------------------------------------------------------

@@ -232,6 +232,9 @@ struct llama_longhaul_stats {
     uint64_t bytes_converted;
     double   t_convert_s;
     double   t_hidden_s;
+    uint64_t bytes_prefetched;
+    uint64_t bytes_prefetch_used;
+    uint64_t bytes_prefetch_wasted;
 };
 int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
 bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats);

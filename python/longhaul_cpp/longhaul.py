@@ -84,6 +84,9 @@ class LayerStats:
     bytes_converted: int  # expert bytes converted into the CPU's repacked layout as they were written
     t_convert_s: float    # seconds the reading threads spent converting (part of t_read_s)
     t_hidden_s: float     # read seconds that ran while the graph computed cached experts (not waited on)
+    bytes_prefetched: int       # expert bytes read ahead by the cross-layer prefetch (LLAMA_LONGHAUL_PREFETCH=1)
+    bytes_prefetch_used: int    # of those, experts the layer's next synchronization selected
+    bytes_prefetch_wasted: int  # of those, experts it did not select
 
     @property
     def hit_rate(self) -> float:
