@@ -104,6 +104,10 @@ def test_demo_command(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "normal load:" in r.stdout and "longhaul load:" in r.stdout and "tokens/s" in r.stdout
     assert "hit rate" in r.stdout
+    # next to tokens/s, what each load kept in memory: peak RSS and routed experts (all of them / the cache)
+    mem = re.findall(r"peak RSS +([0-9.]+) MiB, routed experts in memory +([0-9.]+) MiB", r.stdout)
+    assert len(mem) == 2 and float(mem[1][1]) < float(mem[0][1]) and all(float(m[0]) > 0 for m in mem)
+    assert "longhaul runs MoE models whose experts do not fit in memory" in r.stdout
     assert "generated 16 tokens; identical to the normal load: yes" in r.stdout
     assert list((tmp_path / "models").glob("*.gguf"))  # cached for the next run
     r2 = run([sys.executable, "-m", "longhaul_cpp", "demo", "-n", "16"], text=True, env=env)

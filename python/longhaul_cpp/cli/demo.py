@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import multiprocessing
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..longhaul import parse_cache_size
 from ..model import LoadMode, Model
+from ..modelinfo import inspect_model
 from .common import add_spec_args, cached_model, spec_from
 
 
@@ -35,6 +40,37 @@ def _generate_timed(model: Model, prompt: str, n_predict: int) -> tuple[list[int
     return ids, t1 - t0, t2 - t1, len(toks)
 
 
+def _peak_rss() -> int | None:
+    """Peak resident set size of this process in bytes (None where the OS does not say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS: bytes, Linux: KiB
+
+
+def _one_load(path: str, longhaul_budget: int | None, prompt: str, n_predict: int) -> dict[str, Any]:
+    """One load and its generation, in a process of its own (so that its peak RSS is its own)."""
+    mode = LoadMode.LONGHAUL if longhaul_budget else LoadMode.NONE
+    kw = {"longhaul_cache": f"{longhaul_budget}B"} if longhaul_budget else {}
+    with Model(path, load_mode=mode, n_gpu_layers=0, **kw) as model:
+        ids, tp, tg, n_prompt = _generate_timed(model, prompt, n_predict)
+        stats = model.longhaul_stats() if longhaul_budget else None
+    return {"ids": ids, "tp": tp, "tg": tg, "n_prompt": n_prompt, "stats": stats, "peak_rss": _peak_rss()}
+
+
+def _measured(path: Path, longhaul_budget: int | None, args: argparse.Namespace) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_one_load, str(path), longhaul_budget, args.prompt, args.n_predict).result()
+
+
+def _memory(peak_rss: int | None, expert_bytes: int) -> str:
+    rss = "n/a" if peak_rss is None else f"{peak_rss / 2**20:7.1f} MiB"
+    return f"peak RSS {rss}, routed experts in memory {expert_bytes / 2**20:7.1f} MiB"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.model:
         path = Path(args.model)
@@ -52,17 +88,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise ValueError("--longhaul-cache is required with --model")
 
+    print("longhaul runs MoE models whose experts do not fit in memory: routed experts are read from the file "
+          "when selected, into a cache of fixed size; the output stays that of a normal load")
+    routed = inspect_model(path).routed_bytes
     # the normal load: longhaul's slots take its layouts (repacked where the CPU repacks the expert
-    # banks), so it runs the same kernels and identical tokens are expected on any CPU
-    with Model(path, load_mode=LoadMode.NONE, n_gpu_layers=0) as model:
-        ref, tp, tg, n_prompt = _generate_timed(model, args.prompt, args.n_predict)
-    print(f"normal load:   prompt {n_prompt / tp:8.1f} tokens/s, generation {len(ref) / max(tg, 1e-9):8.1f} tokens/s")
+    # banks), so it runs the same kernels and identical tokens are expected on any CPU. Each load runs in
+    # a process of its own, so that each peak RSS is that load's
+    normal = _measured(path, None, args)
+    ref = normal["ids"]
+    print(f"normal load:   prompt {normal['n_prompt'] / normal['tp']:8.1f} tokens/s, generation "
+          f"{len(ref) / max(normal['tg'], 1e-9):8.1f} tokens/s; {_memory(normal['peak_rss'], routed)}")
 
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B", n_gpu_layers=0) as model:
-        ids, tp, tg, n_prompt = _generate_timed(model, args.prompt, args.n_predict)
-        stats = model.longhaul_stats()
+    lh = _measured(path, budget, args)
+    ids, stats = lh["ids"], lh["stats"]
     st = stats.total
-    print(f"longhaul load: prompt {n_prompt / tp:8.1f} tokens/s, generation {len(ids) / max(tg, 1e-9):8.1f} tokens/s")
+    print(f"longhaul load: prompt {lh['n_prompt'] / lh['tp']:8.1f} tokens/s, generation "
+          f"{len(ids) / max(lh['tg'], 1e-9):8.1f} tokens/s; {_memory(lh['peak_rss'], st.cache_bytes)}")
     print(f"  expert cache {st.cache_bytes / 2**20:.1f} MiB ({stats.layers[0].n_slots} slots per layer), "
           f"hit rate {st.hit_rate:.0%}, {st.bytes_read / 2**20:.1f} MiB of experts read, "
           f"{st.t_wait_s:.3f} s waiting on the cache")
