@@ -77,8 +77,9 @@ def test_environment_variables(model) -> None:
 def test_budget_units_parse_as_in_python(model, value) -> None:
     """--longhaul-cache takes GiB or a size with a unit; the library gets the bytes Python's
     parse_cache_size gives for the same text (the load log prints the budget to 0.01 MiB)."""
-    r = completion(model, "--longhaul", "--longhaul-cache", value, "-n", "1")
-    err = r.stderr.decode(errors="replace")
+    r = tool("llama-completion", "-m", str(model), "-p", "hi", "-n", "1", "-no-cnv", "-t", "2", "-c", "256",
+             "--longhaul", "--longhaul-cache", value, "-v")  # -v: the library's load log (the budget)
+    err = r.stderr.decode(errors="replace") + r.stdout.decode(errors="replace")
     assert r.returncode == 0, err[-3000:]
     assert f"budget {parse_cache_size(value) / 2**20:.2f} MiB," in err
 
