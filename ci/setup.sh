@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Machine set-up: ccache (optional, speeds up rebuilds), mingw-w64 (the Windows build) and wine
-# (runs the Windows build's unit tests). Everything the build needs comes from PyPI through pip (scikit-build-core, cmake,
-# ninja, cffi, numpy, gguf).
+# Machine set-up: ccache (optional, speeds up rebuilds), mingw-w64 (the Windows build), wine (runs
+# the Windows build's unit tests), the Vulkan headers and shader compiler with Mesa's lavapipe (the
+# Vulkan variant and its tests). Everything the wheel build needs comes from PyPI through pip
+# (scikit-build-core, cmake, ninja, cffi, numpy, gguf).
 set -uo pipefail
 if ! command -v ccache >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -26,6 +27,16 @@ if ! command -v wine >/dev/null 2>&1 && ! command -v wine64 >/dev/null 2>&1; the
         echo "ci/setup.sh: installing wine64 (Debian package)"
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wine64) >/dev/null 2>&1 \
             || echo "ci/setup.sh: could not install wine64; the Windows unit-test run will fail in CI"
+    fi
+fi
+# the Vulkan variant (ci/vulkan-build.sh) and its tests on Mesa's lavapipe, a Vulkan device on the CPU
+if ! command -v glslc >/dev/null 2>&1 || [ ! -e /usr/include/vulkan/vulkan.h ] || [ ! -d /usr/include/spirv ] \
+        || ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ci/setup.sh: installing libvulkan-dev glslc spirv-headers mesa-vulkan-drivers (Debian packages)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libvulkan-dev glslc spirv-headers \
+            mesa-vulkan-drivers) >/dev/null 2>&1 \
+            || echo "ci/setup.sh: could not install the Vulkan packages; the Vulkan tests will fail in CI"
     fi
 fi
 exit 0

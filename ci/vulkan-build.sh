@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# A second build of the patched tree with the Vulkan backend (GGML_VULKAN=ON), from the same top-level
+# CMakeLists.txt as the wheel (what `pip install . -C cmake.define.GGML_VULKAN=ON` builds): the libraries
+# and llama-completion, in build/vulkan (ccache: later builds take about a minute). Its tests run on
+# Mesa's lavapipe, a Vulkan device that computes on the CPU (tests/test_vulkan.py, docs/portability.md).
+# Needs libvulkan-dev, glslc and spirv-headers to build, mesa-vulkan-drivers to run (ci/setup.sh).
+# Usage: ci/vulkan-build.sh [BUILD_DIR]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$ROOT/build/vulkan}
+PY=${PYTHON:-python3}
+command -v glslc >/dev/null || { echo "ci/vulkan-build.sh: glslc not found (apt-get install glslc libvulkan-dev spirv-headers)" >&2; exit 2; }
+
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
+gen=()
+if command -v ninja >/dev/null || "$PY" -c "import ninja" 2>/dev/null; then
+    gen=(-G Ninja)
+    command -v ninja >/dev/null || gen+=(-DCMAKE_MAKE_PROGRAM="$("$PY" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))')")
+fi
+start=$(date +%s)
+cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" -DGGML_VULKAN=ON >/dev/null
+cmake --build "$BUILD" -j "${JOBS:-2}" --target llama llama-completion ggml-vulkan
+echo "ci/vulkan-build.sh: built $BUILD/bin in $(( $(date +%s) - start )) s"
