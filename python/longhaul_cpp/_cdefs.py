@@ -240,6 +240,22 @@ int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
 bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats);
 void llama_model_longhaul_stats_reset(struct llama_model * model);
 const char * llama_model_longhaul_error(const struct llama_model * model);
+struct llama_longhaul_fit {
+    uint64_t budget;
+    uint64_t available;
+    uint64_t resident;
+    uint64_t context;
+    uint64_t compute;
+    uint64_t io;
+    uint64_t headroom;
+    uint64_t cache;
+    uint64_t min_budget;
+    uint64_t max_budget;
+    int32_t  n_slots;
+    int32_t  n_expert;
+};
+bool llama_longhaul_fit_cache(const char * path_model, struct llama_model_params mparams,
+                              struct llama_context_params cparams, struct llama_longhaul_fit * fit);
 struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
 void llama_free(struct llama_context * ctx);
 

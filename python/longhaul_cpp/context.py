@@ -14,6 +14,17 @@ if TYPE_CHECKING:
     from .model import Model
 
 
+def context_params(**params: Any) -> Any:
+    """`llama_context_params` with the package's defaults (n_ctx 512, up to 4 threads) and these fields."""
+    p = lib().llama_context_default_params()
+    params.setdefault("n_ctx", 512)
+    params.setdefault("no_perf", False)
+    threads = params.pop("n_threads", None) or min(os.cpu_count() or 1, 4)
+    params.setdefault("n_threads_batch", threads)
+    _set_fields(p, "struct llama_context_params", {"n_threads": threads, **params})
+    return p
+
+
 class Context(Handle):
     """A llama_context: decode batches, read logits, generate."""
 
@@ -23,12 +34,7 @@ class Context(Handle):
         self._ptr = ffi.NULL
         self.model = model
         L = lib()
-        p = L.llama_context_default_params()
-        params.setdefault("n_ctx", 512)
-        params.setdefault("no_perf", False)
-        threads = params.pop("n_threads", None) or min(os.cpu_count() or 1, 4)
-        params.setdefault("n_threads_batch", threads)
-        _set_fields(p, "struct llama_context_params", {"n_threads": threads, **params})
+        p = context_params(**params)
         mark = log_mark()
         ptr = L.llama_init_from_model(model.ptr, p)
         if ptr == ffi.NULL:

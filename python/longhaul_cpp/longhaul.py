@@ -64,6 +64,29 @@ def gib_arg(n_bytes: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheFit:
+    """The budget `longhaul_cache="auto"` chose (`llama_longhaul_fit`), and what the rest of the memory holds.
+    Bytes: budget = available - resident - context - compute - io - headroom, at most max_budget."""
+
+    budget: int
+    available: int   # memory the process may still use: the lowest of the cgroup limits and the system's
+    resident: int    # model weights outside the expert cache
+    context: int     # KV cache and recurrent state at the context parameters
+    compute: int     # compute buffers
+    io: int          # read and staging buffers (outside the budget)
+    headroom: int    # 5 % of available, at least 64 MiB
+    cache: int       # bytes of the slots the budget buys
+    min_budget: int  # one slot per routed MoE layer
+    max_budget: int  # every expert cached
+    n_slots: int     # fewest slots of any routed layer
+    n_expert: int    # most experts of any routed layer
+
+    @classmethod
+    def from_c(cls, s: Any) -> CacheFit:
+        return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerStats:
     """Counters of one routed MoE layer's expert cache (or the totals, il = -1)."""
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
-from .longhaul import LayerStats, LonghaulStats, parse_cache_size
+from .longhaul import CacheFit, LayerStats, LonghaulStats, parse_cache_size
 
 if TYPE_CHECKING:
     from .context import Context
@@ -53,12 +53,39 @@ def _buft_overrides(overrides: Mapping[str, str]) -> tuple[Any, list[Any]]:
     return arr, keep
 
 
+def _fit_cache(path: Path, mparams: Any, context_params: Mapping[str, Any]) -> CacheFit:
+    from .context import context_params as make_context_params
+
+    fit = ffi.new("struct llama_longhaul_fit *")
+    mark = log_mark()
+    if not lib().llama_longhaul_fit_cache(os.fsencode(path), mparams, make_context_params(**context_params), fit):
+        raise_error(f"no longhaul cache budget fits for {path}", mark)
+    return CacheFit.from_c(fit)
+
+
+def fit_longhaul_cache(path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
+                       context_params: Mapping[str, Any] | None = None, **params: Any) -> CacheFit:
+    """The budget `longhaul_cache="auto"` would choose for this model, and the breakdown of the memory
+    available (dry runs, nothing allocated). `context_params` are the context's (Model.context()'s
+    defaults when None); other keyword arguments are `llama_model_params` fields. Raises LlamaError
+    naming the shortfall when not even one expert slot per routed layer fits."""
+    p = lib().llama_model_default_params()
+    _set_fields(p, "struct llama_model_params",
+                {"load_mode": LoadMode.LONGHAUL, "n_gpu_layers": n_gpu_layers, **params})
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    return _fit_cache(Path(path), p, context_params or {})
+
+
 class Model(Handle):
     """A GGUF model loaded by libllama.
 
     Keyword arguments are fields of `llama_model_params` (n_gpu_layers, load_mode,
     use_extra_bufts, ...). `longhaul_cache` is the expert cache budget of
-    LoadMode.LONGHAUL: GiB as a number, or a string with a unit ("2GiB", "512MiB").
+    LoadMode.LONGHAUL: GiB as a number, a string with a unit ("2GiB", "512MiB"), or
+    "auto": the largest that fits in the memory available next to a context with
+    `context_params` (Model.context()'s defaults when None); `longhaul_fit` then holds
+    the choice and its breakdown (CacheFit).
     `tensor_buft_overrides` also takes a dict `{tensor name regex: buffer type name}`,
     like `-ot`: `{"ffn_.*_exps": "CPU"}` keeps the expert banks in the plain CPU layout.
     Split models load from the first shard's path.
@@ -68,18 +95,25 @@ class Model(Handle):
     _what = "model"
 
     def __init__(self, path: str | os.PathLike[str], *, load_mode: LoadMode = LoadMode.AUTO,
-                 longhaul_cache: float | int | str | None = None, n_gpu_layers: int = 0, **params: Any) -> None:
+                 longhaul_cache: float | int | str | None = None, n_gpu_layers: int = 0,
+                 context_params: Mapping[str, Any] | None = None, **params: Any) -> None:
         self._ptr = ffi.NULL
         self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()  # closed with the model
         self.path = Path(path)
+        self.longhaul_fit: CacheFit | None = None  # what longhaul_cache="auto" chose
         load_mode = LoadMode(load_mode)
+        auto = isinstance(longhaul_cache, str) and longhaul_cache.strip().lower() == "auto"
         if load_mode == LoadMode.LONGHAUL:
             if longhaul_cache is None:
                 raise ValueError("longhaul_cache is required with LoadMode.LONGHAUL: the expert cache budget, "
-                                 "e.g. longhaul_cache=2 (GiB) or longhaul_cache='512MiB'")
-            params.setdefault("longhaul_cache_bytes", parse_cache_size(longhaul_cache))
+                                 "e.g. longhaul_cache=2 (GiB), longhaul_cache='512MiB' or longhaul_cache='auto'")
+            if not auto:
+                params.setdefault("longhaul_cache_bytes", parse_cache_size(longhaul_cache))
         elif longhaul_cache is not None:
             raise ValueError("longhaul_cache is only used with load_mode=LoadMode.LONGHAUL")
+        if context_params is not None and not auto:
+            raise ValueError("context_params (the context longhaul_cache='auto' leaves room for) is only used with "
+                             "longhaul_cache='auto'")
         if not self.path.is_file():
             raise FileNotFoundError(f"model file not found: {self.path}")
         keep: list[Any] = []  # buffers the params point into, alive until the load returns
@@ -88,6 +122,9 @@ class Model(Handle):
         L = lib()
         p = L.llama_model_default_params()
         _set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})
+        if auto:
+            self.longhaul_fit = _fit_cache(self.path, p, context_params or {})
+            p.longhaul_cache_bytes = self.longhaul_fit.budget
         mark = log_mark()
         ptr = L.llama_model_load_from_file(os.fsencode(self.path), p)
         del keep  # the loader copied what it needs

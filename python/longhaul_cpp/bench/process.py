@@ -115,7 +115,8 @@ def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float
     # the child joins the cgroup before it execs, so the whole tool runs capped
     pre = (lambda: cap.add(os.getpid())) if cap is not None else None
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
+                         errors="replace", preexec_fn=pre)  # generated text of random weights: any bytes
     out: list[str] = []
     err: list[str] = []
     readers = [threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True),  # type: ignore[union-attr]

@@ -1,0 +1,168 @@
+"""`--longhaul-cache auto` / `longhaul_cache="auto"`: the largest budget that fits in the memory the process
+may still use, its logged breakdown, and its refusal with the shortfall; under a cgroup cap when root."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, fit_longhaul_cache
+from longhaul_cpp.bench import MemoryCap, run_process
+from longhaul_cpp.tools import tool_path
+
+MIB = 2**20
+
+# 214 MiB of routed experts (test_bench's model: generated once per session)
+BIG = SyntheticSpec(arch="qwen3moe", n_layer=4, n_embd=512, n_head=8, n_head_kv=2, n_expert=64, n_expert_used=2,
+                    n_ff_exp=512, expert_type="q8_0", weight_type="q8_0")
+TINY = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0")
+
+
+def _can_cap() -> bool:
+    if os.geteuid() != 0:
+        return False
+    try:
+        with MemoryCap(256 * MIB):
+            return True
+    except RuntimeError:
+        return False
+
+
+def _model(make_model, spec: SyntheticSpec) -> Path:
+    return make_model(**dataclasses.asdict(spec))[0]
+
+
+def _completion(model: Path, log: Path, *extra: str) -> list[str]:
+    return [str(tool_path("llama-completion")), "-m", str(model), "-p", "The quick brown fox jumps over", "-n", "12",
+            "-no-cnv", "-t", "2", "-c", "256", "--temp", "0", "-v", "--log-file", str(log), *extra]
+
+
+_FIT = re.compile(r"--longhaul-cache auto: budget ([0-9.]+) (MiB|GiB) \(([0-9.]+) (MiB|GiB) in slots, at least (\d+) of "
+                  r"(\d+) experts per layer")
+
+
+def _fitted(log: str) -> tuple[float, int]:
+    """The chosen budget (bytes) and the fewest slots of a layer, from the library's log line."""
+    m = _FIT.search(log)
+    assert m, log[-3000:]
+    return float(m.group(1)) * (MIB if m.group(2) == "MiB" else 2**30), int(m.group(5))
+
+
+def test_fit_breakdown_adds_up_and_loads(make_model) -> None:
+    model = _model(make_model, TINY)
+    fit = fit_longhaul_cache(model, context_params={"n_ctx": 1024})
+    assert fit.available > 0 and fit.resident > 0 and fit.context > 0 and fit.compute > 0 and fit.io > 0
+    assert fit.headroom == max(64 * MIB, fit.available // 20)
+    assert fit.min_budget == TINY.budget_for(1) and fit.max_budget == TINY.budget_for(TINY.n_expert)
+    assert fit.min_budget <= fit.budget <= fit.max_budget and fit.cache <= fit.budget
+    assert fit.budget + fit.resident + fit.context + fit.compute + fit.io + fit.headroom <= fit.available
+    # a bigger context costs KV cache
+    assert fit_longhaul_cache(model, context_params={"n_ctx": 4096}).context > fit.context
+    with Model(model, load_mode=LoadMode.LONGHAUL, longhaul_cache="auto", context_params={"n_ctx": 1024}) as m:
+        assert m.longhaul_fit is not None and m.longhaul_fit.budget == fit.budget
+        assert m.longhaul_stats().total.cache_bytes == fit.cache
+
+
+def test_auto_argument_errors(make_model) -> None:
+    model = _model(make_model, TINY)
+    with pytest.raises(ValueError, match="only used with longhaul_cache='auto'"):
+        Model(model, load_mode=LoadMode.LONGHAUL, longhaul_cache=1, context_params={"n_ctx": 512})
+    with pytest.raises(ValueError, match="only used with load_mode=LoadMode.LONGHAUL"):
+        Model(model, longhaul_cache="auto")
+    with pytest.raises(TypeError, match="unknown llama_context_params field 'n_context'"):
+        fit_longhaul_cache(model, context_params={"n_context": 512})
+
+
+def test_auto_on_the_command_line(make_model, tmp_path) -> None:
+    model = _model(make_model, TINY)
+    r = subprocess.run(_completion(model, tmp_path / "log.txt", "--longhaul", "--longhaul-cache", "AUTO"),
+                       capture_output=True, encoding="utf-8", errors="replace", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (tmp_path / "log.txt").read_text(errors="replace")
+    budget, n_slots = _fitted(log)
+    assert n_slots == TINY.n_expert  # this machine holds a tiny model's experts whole
+    assert "resident weights" in log and "KV cache" in log and "headroom" in log
+    # the environment variable takes it too
+    env = dict(os.environ, LLAMA_ARG_LONGHAUL_CACHE="auto")
+    r2 = subprocess.run(_completion(model, tmp_path / "log2.txt", "--longhaul"), capture_output=True, encoding="utf-8", errors="replace",
+                        timeout=300, env=env)
+    assert r2.returncode == 0 and r2.stdout == r.stdout, r2.stderr[-3000:]
+    bad = subprocess.run(_completion(model, tmp_path / "log3.txt", "--longhaul", "--longhaul-cache", "automatic"),
+                         capture_output=True, encoding="utf-8", errors="replace", timeout=300)
+    assert bad.returncode != 0 and "automatic" in bad.stderr
+
+
+@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+def test_auto_stays_inside_a_memory_cap(make_model, tmp_path) -> None:
+    """Under a 192 MiB cap the 214 MiB of experts cannot all be cached: auto picks a budget between one slot
+    and every expert, the prompt and generation run without reaching the cap's OOM killer, the process's
+    own peak stays inside the cap, and the output is that of an uncapped run."""
+    model = _model(make_model, BIG)
+    cap_bytes = 192 * MIB
+    with MemoryCap(cap_bytes) as cap:
+        res = run_process(_completion(model, tmp_path / "capped.txt", "--longhaul", "--longhaul-cache", "auto"),
+                          cap=cap, timeout=600)
+        oom = cap.oom_killed()
+    log = (tmp_path / "capped.txt").read_text(errors="replace")
+    assert res.returncode == 0 and not oom, (res.status, log[-3000:])
+    budget, n_slots = _fitted(log)
+    assert BIG.budget_for(1) <= budget < BIG.budget_for(BIG.n_expert)  # the cap, not the machine, decided
+    assert 1 <= n_slots < BIG.n_expert
+    assert res.peak_rss <= cap_bytes
+    # the cache fills most of the cap: the rest cannot hold the streamed experts, so they bypass the page cache
+    try:  # (a filesystem that refuses O_DIRECT, tmpfs, keeps the shard buffered)
+        os.close(os.open(model, os.O_RDONLY | os.O_DIRECT))
+        direct_ok = True
+    except OSError:
+        direct_ok = False
+    assert f"{int(direct_ok)} of 1 shard(s) read with O_DIRECT" in log
+    free = run_process(_completion(model, tmp_path / "free.txt", "--longhaul", "--longhaul-cache", "1"), timeout=600)
+    assert free.returncode == 0 and free.stdout == res.stdout
+
+
+@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+def test_auto_refused_with_the_shortfall(make_model, tmp_path) -> None:
+    model = _model(make_model, BIG)
+    with MemoryCap(48 * MIB) as cap:
+        res = run_process(_completion(model, tmp_path / "log.txt", "--longhaul", "--longhaul-cache", "auto"),
+                          cap=cap, timeout=600)
+        oom = cap.oom_killed()
+    log = (tmp_path / "log.txt").read_text(errors="replace")
+    assert res.returncode == 1 and not oom, (res.status, log[-3000:])
+    m = re.search(r"not even one expert slot per routed MoE layer fits: .* the smallest budget is ([0-9.]+ MiB): "
+                  r"([0-9.]+) MiB short", log)
+    assert m, log[-3000:]
+    assert float(m.group(2)) > 0 and "the memory limit of cgroup" in log
+
+
+def test_fit_refusal_is_a_llama_error(make_model) -> None:
+    """Without a cap, a huge context (KV cache beyond the machine) is what leaves no room."""
+    model = _model(make_model, TINY)
+    with pytest.raises(LlamaError, match=r"no longhaul cache budget fits .*short"):
+        fit_longhaul_cache(model, context_params={"n_ctx": 2**26})  # 32 GiB of KV cache
+
+
+def test_server_with_auto_reports_the_chosen_budget(make_model) -> None:
+    import json
+    import urllib.request
+
+    from test_tools_longhaul import server
+
+    model = _model(make_model, TINY)
+    fit = fit_longhaul_cache(model, context_params={"n_ctx": 4096, "n_seq_max": 4})
+    with server(model, "--longhaul", "--longhaul-cache", "auto") as base:
+        with urllib.request.urlopen(base + "/props", timeout=10) as resp:
+            lh = json.loads(resp.read())["longhaul"]
+    # the server's budget is the one chosen for its own context (4096 tokens, 4 slots): every expert here
+    assert lh["cache_bytes"] == fit.max_budget == TINY.budget_for(TINY.n_expert)
+    assert 0 < lh["cache_budget_gib"] * 2**30 <= fit.available
+
+
+def test_help_documents_auto() -> None:
+    r = subprocess.run([str(tool_path("llama-completion")), "--help"], capture_output=True, encoding="utf-8",
+                       errors="replace", timeout=60)
+    assert "or auto (the largest that fits in the memory available" in r.stdout
