@@ -166,3 +166,17 @@ def test_help_documents_auto() -> None:
     r = subprocess.run([str(tool_path("llama-completion")), "--help"], capture_output=True, encoding="utf-8",
                        errors="replace", timeout=60)
     assert "or auto (the largest that fits in the memory available" in r.stdout
+
+
+def test_info_plans_the_auto_budget(make_model, capsys) -> None:
+    from longhaul_cpp.cli import main
+
+    model = _model(make_model, TINY)
+    assert main(["info", str(model), "--longhaul-cache", "auto", "-c", "1024"]) == 0
+    out = capsys.readouterr().out
+    fit = fit_longhaul_cache(model, context_params={"n_ctx": 1024, "n_ubatch": 512})
+    assert f"auto budget:    {fit.budget / 2**20:.2f} MiB" in out
+    assert f"{TINY.n_expert} slots per layer" in out  # a tiny model's experts fit whole
+    # a refusal is an error exit with the library's message
+    assert main(["info", str(model), "--longhaul-cache", "auto", "-c", str(2**26)]) == 1
+    assert "short" in capsys.readouterr().err

@@ -257,6 +257,31 @@ struct llama_longhaul_fit {
 bool llama_longhaul_fit_cache(const char * path_model, struct llama_model_params mparams,
                               struct llama_context_params cparams, struct llama_longhaul_fit * fit);
 struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
+
+struct llama_sampler_chain_params {
+    bool no_perf;
+};
+struct llama_chat_message {
+    const char * role;
+    const char * content;
+};
+struct llama_sampler_chain_params llama_sampler_chain_default_params(void);
+struct llama_sampler * llama_sampler_chain_init(struct llama_sampler_chain_params params);
+void llama_sampler_chain_add(struct llama_sampler * chain, struct llama_sampler * smpl);
+void llama_sampler_free(struct llama_sampler * smpl);
+void llama_sampler_reset(struct llama_sampler * smpl);
+struct llama_sampler * llama_sampler_init_greedy(void);
+struct llama_sampler * llama_sampler_init_dist(uint32_t seed);
+struct llama_sampler * llama_sampler_init_top_k(int32_t k);
+struct llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep);
+struct llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep);
+struct llama_sampler * llama_sampler_init_temp(float t);
+struct llama_sampler * llama_sampler_init_penalties(int32_t n_vocab, int32_t penalty_last_n, float penalty_repeat,
+                                                    float penalty_freq, float penalty_present);
+int32_t llama_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx);
+const char * llama_model_chat_template(const struct llama_model * model, const char * name);
+int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg, bool add_ass,
+                                  char * buf, int32_t length);
 void llama_free(struct llama_context * ctx);
 
 uint32_t llama_n_ctx   (const struct llama_context * ctx);
@@ -313,4 +338,7 @@ PROBED_STRUCTS = [
     "struct llama_context_params",
     "struct llama_perf_context_data",
     "struct llama_longhaul_stats",
+    "struct llama_longhaul_fit",
+    "struct llama_sampler_chain_params",
+    "struct llama_chat_message",
 ]

@@ -218,6 +218,11 @@ def _ssm_dims(spec: SyntheticSpec) -> tuple[int, int, int]:
     return d_state, n_group, dt_rank
 
 
+CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                   "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                   "{% endif %}")
+
+
 def _add_metadata(w, spec: SyntheticSpec) -> None:
     import gguf
 
@@ -280,6 +285,9 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
     # llama_ftype of the bulk of the weights (the routed experts), for the model description
     w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}[spec.expert_type])
 
+    # ChatML, which the library's template support recognizes (llama_chat_apply_template) and llama-server
+    # renders with its Jinja engine: the same prompt both ways
+    w.add_chat_template(CHATML_TEMPLATE)
     if spec.vocab != "bytes":
         _add_inkling_tokenizer(w, spec)
         return

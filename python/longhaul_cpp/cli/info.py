@@ -1,17 +1,22 @@
-"""`longhaul-cpp info MODEL [--longhaul-cache SIZE]`: what longhaul would do with a model (header only)."""
+"""`longhaul-cpp info MODEL [--longhaul-cache SIZE|auto]`: what longhaul would do with a model (the header; for
+`auto`, the library's dry runs of the model and a context)."""
 from __future__ import annotations
 
 import argparse
 
 from ..longhaul import SUPPORTED_ARCHS, gib_arg, parse_cache_size
+from ..model import fit_longhaul_cache
 from ..modelinfo import inspect_model
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="what longhaul would do with a GGUF model (reads the header only)")
     p.add_argument("model", help="GGUF file (the first shard of a split model)")
-    p.add_argument("--longhaul-cache", help="a budget to plan for: GiB, or a size such as 512MiB")
+    p.add_argument("--longhaul-cache", help="a budget to plan for: GiB, a size such as 512MiB, or auto (the largest "
+                   "that fits in the memory available, as the tools choose it)")
     p.add_argument("-ub", "--n-ubatch", type=int, default=512, help="requested ubatch (default 512)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context the auto budget leaves room for "
+                   "(default 4096)")
     p.set_defaults(func=run)
 
 
@@ -33,7 +38,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print("longhaul:       supported")
     if args.longhaul_cache is not None:
-        budget = parse_cache_size(args.longhaul_cache)
+        if args.longhaul_cache.strip().lower() == "auto":
+            fit = fit_longhaul_cache(args.model, context_params={"n_ctx": args.ctx_size, "n_ubatch": args.n_ubatch})
+            print(f"auto budget:    {mib(fit.budget)} = {mib(fit.available)} available - resident {mib(fit.resident)}"
+                  f" - KV cache {mib(fit.context)} - compute {mib(fit.compute)} - read buffers {mib(fit.io)}"
+                  f" - headroom {mib(fit.headroom)} (at most every expert: {mib(fit.max_budget)})")
+            budget = fit.budget
+        else:
+            budget = parse_cache_size(args.longhaul_cache)
         slots = info.slots(budget)
         if min(slots.values()) < 1:
             print(f"budget {mib(budget)}: too small, a layer gets no slot (minimum {mib(info.min_budget)})")
