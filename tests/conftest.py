@@ -20,6 +20,19 @@ from longhaul_cpp import SyntheticSpec  # noqa: E402
 from longhaul_cpp import make_model as write_model  # noqa: E402  (the fixture below is make_model)
 
 
+def can_cap() -> bool:
+    """Root with a writable cgroup memory controller: the memory-cap tests can run."""
+    from longhaul_cpp.bench import MemoryCap
+
+    if os.geteuid() != 0:
+        return False
+    try:
+        with MemoryCap(256 * 2**20):
+            return True
+    except RuntimeError:
+        return False
+
+
 def upstream_bin_dir() -> Path | None:
     """Where the build put upstream's test binaries (LONGHAUL_UPSTREAM_TESTS=ON)."""
     env = os.environ.get("LONGHAUL_UPSTREAM_BIN")

@@ -10,22 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run
+from conftest import can_cap, run
 from longhaul_cpp import SyntheticSpec
 from longhaul_cpp.bench import MemoryCap, Run, parse_fractions, run_process
 from longhaul_cpp.longhaul import gib_arg
 
 BENCH = [sys.executable, "-m", "longhaul_cpp", "bench"]
-
-
-def _can_cap() -> bool:
-    if os.geteuid() != 0:
-        return False
-    try:
-        with MemoryCap(256 * 2**20):
-            return True
-    except RuntimeError:
-        return False
 
 
 TINY = SyntheticSpec(arch="qwen35moe", n_expert=16, n_expert_used=4, expert_type="q8_0")
@@ -75,7 +65,7 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert (out / "results.md").read_text() == md
 
 
-@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
 def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     model = _tiny(make_model)
     out = tmp_path / "out"
@@ -108,7 +98,7 @@ def test_read_bandwidth_probe(make_model) -> None:
     assert bw["bytes_per_s"] == max(bw["cold_bytes_per_s"], bw["reread_bytes_per_s"])  # the bound: the faster
 
 
-@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
 def test_reads_bypass_the_page_cache_only_under_a_memory_limit(make_model) -> None:
     """The library reads experts with O_DIRECT when the memory it may still use (MemAvailable, each enclosing
     cgroup's limit minus usage) cannot hold the experts outside its cache, buffered otherwise."""

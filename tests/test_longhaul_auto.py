@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import can_cap
 from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, fit_longhaul_cache
 from longhaul_cpp.bench import MemoryCap, run_process
 from longhaul_cpp.tools import tool_path
@@ -20,16 +21,6 @@ MIB = 2**20
 BIG = SyntheticSpec(arch="qwen3moe", n_layer=4, n_embd=512, n_head=8, n_head_kv=2, n_expert=64, n_expert_used=2,
                     n_ff_exp=512, expert_type="q8_0", weight_type="q8_0")
 TINY = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0")
-
-
-def _can_cap() -> bool:
-    if os.geteuid() != 0:
-        return False
-    try:
-        with MemoryCap(256 * MIB):
-            return True
-    except RuntimeError:
-        return False
 
 
 def _model(make_model, spec: SyntheticSpec) -> Path:
@@ -96,7 +87,7 @@ def test_auto_on_the_command_line(make_model, tmp_path) -> None:
     assert bad.returncode != 0 and "automatic" in bad.stderr
 
 
-@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
 def test_auto_stays_inside_a_memory_cap(make_model, tmp_path) -> None:
     """Under a 192 MiB cap the 214 MiB of experts cannot all be cached: auto picks a budget between one slot
     and every expert, the prompt and generation run without reaching the cap's OOM killer, the process's
@@ -124,7 +115,7 @@ def test_auto_stays_inside_a_memory_cap(make_model, tmp_path) -> None:
     assert free.returncode == 0 and free.stdout == res.stdout
 
 
-@pytest.mark.skipif(not _can_cap(), reason="needs root and a writable cgroup memory controller")
+@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
 def test_auto_refused_with_the_shortfall(make_model, tmp_path) -> None:
     model = _model(make_model, BIG)
     with MemoryCap(48 * MIB) as cap:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ._lib import ffi, logger
 from .context import Context
-from .longhaul import LonghaulStats
+from .longhaul import LonghaulStats, is_auto_budget
 from .model import LoadMode, Model
 from .sampling import DEFAULT_SEED, Sampler, SamplingParams, apply_chat_template, model_chat_template
 from .textstream import TextStream
@@ -68,7 +68,7 @@ class Llama:
         self.seed = seed
         self.model_path = str(model_path)
         mode = _load_mode(load_mode)
-        auto = isinstance(longhaul_cache, str) and longhaul_cache.strip().lower() == "auto"
+        auto = is_auto_budget(longhaul_cache)
         self.model = Model(model_path, load_mode=mode, longhaul_cache=longhaul_cache, n_gpu_layers=n_gpu_layers,
                            context_params=dict(ctx_params) if auto else None, **params)
         try:
@@ -119,10 +119,8 @@ class Llama:
         if logprobs is not None and (isinstance(logprobs, bool) or not 0 <= logprobs <= 20):
             raise ValueError(f"logprobs must be None or an integer from 0 to 20, got {logprobs!r}")
         tokens = self._prompt_tokens(prompt)
-        run = self._run(tokens, max_tokens, stream, SamplingParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            seed=self.seed if seed is None else seed), stop, logprobs)
+        run = self._run(tokens, max_tokens, stream, self._sampling(
+            temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, seed), stop, logprobs)
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_path}
         prefix = (prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")) if echo else ""
@@ -155,10 +153,8 @@ class Llama:
             raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
         prompt = apply_chat_template(self._template, messages)
         n_top = (top_logprobs or 0) if logprobs else None
-        run = self._run(self._prompt_tokens(prompt, special=True), max_tokens, stream, SamplingParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-            seed=self.seed if seed is None else seed), stop, n_top)
+        run = self._run(self._prompt_tokens(prompt, special=True), max_tokens, stream, self._sampling(
+            temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, seed), stop, n_top)
         head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_path}
         if stream:
             return self._chat_chunks(head, run)
@@ -178,6 +174,12 @@ class Llama:
                        "usage": run.usage()}
 
     # -- internals --
+    def _sampling(self, temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                  frequency_penalty: float, presence_penalty: float, seed: int | None) -> SamplingParams:
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                              presence_penalty=presence_penalty, seed=self.seed if seed is None else seed)
+
     def _prompt_tokens(self, prompt: str | Sequence[int], special: bool = True) -> list[int]:
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt, add_bos=True, special=special)

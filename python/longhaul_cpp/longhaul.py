@@ -57,6 +57,11 @@ def parse_cache_size(value: float | int | str) -> int:
     return n
 
 
+def is_auto_budget(value: object) -> bool:
+    """`longhaul_cache="auto"` (any case): the library chooses the budget (llama_longhaul_fit_cache)."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
 def gib_arg(n_bytes: int) -> str:
     """A budget in bytes as the GiB that `--longhaul-cache` takes: n / 2^30 is exact in binary and its
     repr parses back to the same double, so the library gets exactly n bytes."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
-from .longhaul import CacheFit, LayerStats, LonghaulStats, parse_cache_size
+from .longhaul import CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size
 
 if TYPE_CHECKING:
     from .context import Context
@@ -102,7 +102,7 @@ class Model(Handle):
         self.path = Path(path)
         self.longhaul_fit: CacheFit | None = None  # what longhaul_cache="auto" chose
         load_mode = LoadMode(load_mode)
-        auto = isinstance(longhaul_cache, str) and longhaul_cache.strip().lower() == "auto"
+        auto = is_auto_budget(longhaul_cache)
         if load_mode == LoadMode.LONGHAUL:
             if longhaul_cache is None:
                 raise ValueError("longhaul_cache is required with LoadMode.LONGHAUL: the expert cache budget, "

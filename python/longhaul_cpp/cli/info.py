@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..longhaul import SUPPORTED_ARCHS, gib_arg, parse_cache_size
+from ..longhaul import SUPPORTED_ARCHS, gib_arg, is_auto_budget, parse_cache_size
 from ..model import fit_longhaul_cache
 from ..modelinfo import inspect_model
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print("longhaul:       supported")
     if args.longhaul_cache is not None:
-        if args.longhaul_cache.strip().lower() == "auto":
+        if is_auto_budget(args.longhaul_cache):
             fit = fit_longhaul_cache(args.model, context_params={"n_ctx": args.ctx_size, "n_ubatch": args.n_ubatch})
             print(f"auto budget:    {mib(fit.budget)} = {mib(fit.available)} available - resident {mib(fit.resident)}"
                   f" - KV cache {mib(fit.context)} - compute {mib(fit.compute)} - read buffers {mib(fit.io)}"
