@@ -55,8 +55,16 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert ratio["measured"] == pytest.approx(full_tg["tokens_per_s"] / default_tg["tokens_per_s"], rel=1e-6)
     assert all(x["convert_s"] is not None for x in lh)  # the conversion's share of the reads is recorded
     assert ratio["met"] == (ratio["measured"] >= ratio["goal"])
+    # the planner's prediction for each sweep run, and its error as a target
+    sweep = [x for x in runs if x["scenario"] == "sweep"]
+    assert all(x["predicted_tokens_per_s"] > 0 for x in sweep)
+    assert set(res["plan"]["uniform"]) == {str(TINY.budget_for(4)), str(TINY.budget_for(16))}
+    planner = [t for t in res["analysis"]["targets"] if t["target"].startswith("sweep: the planner")][0]
+    assert planner["measured"] == pytest.approx(max(abs(x["predicted_tokens_per_s"] / x["tokens_per_s"] - 1)
+                                                    for x in sweep), rel=1e-6)
     md = (out / "results.md").read_text()
     assert "| sweep | longhaul 0.25 of experts |" in md and "| target |" in md
+    assert "The planner (`longhaul-cpp plan`" in md
     assert "Where prompt time goes" in md and "Where generation time goes" in md
     # --report re-derives the reports from results.json alone
     (out / "results.md").unlink()

@@ -5,13 +5,14 @@ from ._lib import LlamaError, lib
 from .longhaul import PLAIN_EXPERTS_ENV, CacheFit, LayerStats, LonghaulStats, parse_cache_size, plain_expert_banks
 from .context import Context, greedy_generate
 from .model import LoadMode, Model, fit_longhaul_cache
+from .routing import Routing
 from .llama import Llama
 from .synthetic import SyntheticSpec
 from .synthetic_gguf import make_model
 from .tools import tool_path
 
 __all__ = [
-    "PLAIN_EXPERTS_ENV", "CacheFit", "Context", "LayerStats", "Llama", "LlamaError", "LoadMode", "LonghaulStats", "Model", "SyntheticSpec", "parse_cache_size",
+    "PLAIN_EXPERTS_ENV", "CacheFit", "Context", "LayerStats", "Llama", "LlamaError", "LoadMode", "LonghaulStats", "Model", "Routing", "SyntheticSpec", "parse_cache_size",
     "fit_longhaul_cache", "greedy_generate", "make_model", "lib", "plain_expert_banks", "tool_path",
 ]
 try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from .longhaul import SUPPORTED_ARCHS
 from .paths import shard_list
 
-_BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
+_BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.(weight|bias)$")
 
 
 def expert_waves(n_slots: int, n_expert: int, n_expert_used: int, n_tokens: int, pipelined: bool = False) -> int:
@@ -56,6 +56,7 @@ class ModelInfo:
     expert_bytes: dict[int, int]   # routed MoE layer -> bytes of one expert (all its banks)
     expert_types: list[str]
     file_bytes: int
+    expert_bias: bool = False      # per-expert additive biases: no expert waves (the ubatch is clamped instead)
 
     @property
     def supported(self) -> bool:
@@ -79,8 +80,15 @@ class ModelInfo:
         return {il: min(self.n_expert, layer_budget // b) for il, b in self.expert_bytes.items()}
 
     def effective_ubatch(self, budget: int, n_ubatch: int = 512) -> int:
+        """The ubatch the library runs at this budget (llama_longhaul::clamp_ubatch on the CPU): 1 when a token's
+        experts need stages; with per-expert biases (no waves), as many tokens as the slots hold at once."""
         s = min(self.slots(budget).values(), default=0)
-        return 1 if 0 < s < self.n_expert_used else n_ubatch
+        k = max(1, self.n_expert_used)
+        if 0 < s < k:
+            return 1
+        if self.expert_bias and any(expert_waves(n, self.n_expert, k, n_ubatch) > 1 for n in self.slots(budget).values()):
+            return min(n_ubatch, max(1, s // k))
+        return n_ubatch
 
     def waves(self, budget: int, n_tokens: int = 512) -> int:
         """Expert waves of the largest layer plan for a ubatch of n_tokens (1 = one pass), as the library
@@ -103,6 +111,7 @@ def inspect_model(path: str | Path) -> ModelInfo:
     arch, n_layer, n_expert, n_used = "", 0, 0, 0
     banks: dict[int, int] = {}
     types: set[str] = set()
+    bias = False
     for i, shard in enumerate(shards):
         r = gguf.GGUFReader(shard)
         if i == 0:
@@ -115,10 +124,12 @@ def inspect_model(path: str | Path) -> ModelInfo:
             n_layer, n_expert, n_used = get("block_count"), get("expert_count"), get("expert_used_count")
         for t in r.tensors:
             m = _BANK.match(t.name)
-            if m and len(t.shape) == 3 and int(m.group(1)) < n_layer:
+            if m and m.group(3) == "bias" and int(m.group(1)) < n_layer:
+                bias = True
+            elif m and len(t.shape) == 3 and int(m.group(1)) < n_layer:
                 il = int(m.group(1))
                 banks[il] = banks.get(il, 0) + int(t.n_bytes) // int(t.shape[2])
                 types.add(t.tensor_type.name)
     return ModelInfo(path=Path(path), shards=shards, arch=arch, n_layer=n_layer, n_expert=n_expert,
                      n_expert_used=n_used, expert_bytes=dict(sorted(banks.items())), expert_types=sorted(types),
-                     file_bytes=sum(p.stat().st_size for p in shards))
+                     file_bytes=sum(p.stat().st_size for p in shards), expert_bias=bias and bool(banks))

@@ -70,6 +70,9 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None) -> di
                                    "hidden_read_s_per_token": hidden,
                                    "expert_mib_read_per_token": missed / MIB,
                                    "hit_rate": r.hit_rate}
+            if r.predicted_tokens_per_s:
+                row["predicted_tokens_per_s"] = r.predicted_tokens_per_s
+                row["predicted_error"] = r.predicted_tokens_per_s / r.tokens_per_s - 1
             if compute_s is not None:
                 row["compute_s_per_token"] = compute_s
                 row["other_s_per_token"] = max(0.0, per_tok - wait - compute_s)
@@ -94,6 +97,17 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None) -> di
         # time per token within 1.2x of max(compute, reads at the probe's bandwidth)
         target("sweep: generation / overlapped bound (worst budget)", worst["of_bound"], round(1 / 1.2, 3),
                f"{worst['routing']} routing, {worst['fraction']:.4g} of the experts")
+
+    # the planner (longhaul-cpp plan): its predicted t/s at each sweep budget against the measured
+    planned = [b for b in breakdown + a["prompt_time"] if b["scenario"] == "sweep" and "predicted_error" in b]
+    if planned:
+        worst_p = max(planned, key=lambda b: abs(b["predicted_error"]))
+        target("sweep: the planner's predicted / measured t/s - 1 (worst, either sign; goal <= 0.15)",
+               abs(worst_p["predicted_error"]), 0.15,
+               f"{worst_p['routing']} routing, {worst_p['fraction']:.4g} of the experts, "
+               f"{'generation' if worst_p in breakdown else 'prompt'}: predicted {worst_p['predicted_tokens_per_s']:.2f}, "
+               f"measured {worst_p['tokens_per_s']:.2f} t/s")
+        targets[-1]["met"] = abs(worst_p["predicted_error"]) <= 0.15
 
     # peak RSS against resident weights + budget + KV (+5 %); KV and compute buffers are taken
     # from the normal plain load's peak over its weights (the same context)

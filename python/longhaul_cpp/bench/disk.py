@@ -79,17 +79,20 @@ def _read_pass(pick: list[tuple[Path, int]], size: int, threads: int, direct: bo
     return dt, used_direct
 
 
-def read_bandwidth(path: Path, *, threads: int, total: int = 768 * MIB, seed: int = 0) -> dict[str, float]:
+def read_bandwidth(path: Path, *, threads: int, total: int = 768 * MIB, seed: int = 0,
+                   drop: bool = True) -> dict[str, float]:
     """Random positional reads of expert slices of this file, `threads` at a time and with O_DIRECT where the
     filesystem allows it (as the library's I/O pool reads): bytes per second from the disk after the page
-    cache is dropped, then for the same slices read again (what the storage below the page cache, such
-    as a VM host's cache, serves to later runs). `bytes_per_s`, the faster of the two, makes the bound."""
+    cache is dropped (drop=False: as it is; dropping needs root), then for the same slices read again (what
+    the storage below the page cache, such as a VM host's cache, serves to later runs). `bytes_per_s`, the
+    faster of the two, makes the bound."""
     slices, size = expert_slices(path)
     if not slices:
         raise BenchError(f"{path} has no routed expert banks")
     rnd = random.Random(seed)
     pick = rnd.sample(slices, min(len(slices), max(1, total // size)))
-    drop_page_cache()
+    if drop:
+        drop_page_cache()
     cold_s, direct = _read_pass(pick, size, threads, True)
     rnd.shuffle(pick)
     again_s, _ = _read_pass(pick, size, threads, True)

@@ -80,6 +80,15 @@ def markdown(res: dict[str, Any]) -> str:
                          f"{ms('io_wait_s_per_token')} | {ms('convert_s_per_token')} | "
                          f"{ms('hidden_read_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} | "
                          f"{_fmt(b.get('bound_tokens_per_s'), '.1f')} | {_fmt(b.get('of_bound'), '.2f')} |")
+    planned = [(b, kind) for kind, key in (("prompt", "prompt_time"), ("generation", "generation_time"))
+               for b in res["analysis"].get(key, []) if "predicted_tokens_per_s" in b]
+    if planned:
+        lines += ["", "The planner (`longhaul-cpp plan`: one run recorded at n_expert_used slots per layer, replayed at "
+                  "each budget; docs/planner.md) against the sweep:", "",
+                  "| run | routing | test | measured t/s | predicted t/s | error |", "|---|---|---|---:|---:|---:|"]
+        for b, kind in planned:
+            lines.append(f"| {b['label']} | {b['routing']} | {kind} | {b['tokens_per_s']:.2f} | "
+                         f"{b['predicted_tokens_per_s']:.2f} | {100 * b['predicted_error']:+.0f} % |")
     return "\n".join(lines) + "\n"
 
 

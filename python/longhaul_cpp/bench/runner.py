@@ -120,6 +120,26 @@ def _model_record(path: Path, info: ModelInfo) -> dict[str, Any]:
             "expert_bytes": max(info.expert_bytes.values()), "n_moe_layers": len(info.expert_bytes)}
 
 
+def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchConfig,
+                 log: Callable[[str], None]) -> dict[int, dict[str, float | None]]:
+    """The planner (longhaul_cpp.plan) on the sweep's workload (llama-bench's: a random prompt, then random
+    tokens one at a time): one run recorded at n_expert_used slots per layer, its predicted t/s at each
+    budget. The bandwidth is the recorded run's own read rate: like the sweep's runs, it reads from the disk
+    after the page cache is dropped, then (the model fitting in memory) from the page cache."""
+    from ..plan import predict, random_prompt, record_run
+
+    prompt = random_prompt(model, cfg.n_prompt)
+    if cfg.cold:
+        drop_page_cache()
+    run = record_run(model, prompt, cfg.n_gen, budget=info.budget_for(max(1, info.n_expert_used)),
+                     n_threads=cfg.threads, n_ubatch=512, random_gen=True)
+    rate = max(run.read_rate, 1.0)  # a run that read nothing: every budget it predicts reads nothing either
+    log(f"  planner: recorded {run.n_prompt} + {run.n_gen} tokens at {run.budget / GIB:.2f} GiB, predicting with "
+        f"its reads' {rate / MIB:.0f} MiB/s")
+    rows = predict(run, info, rate, budgets)
+    return {r.budget: {"pp": r.prompt_tps, "tg": r.gen_tps} for r in rows}
+
+
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
               progress: Callable[[str], Callable[[int, int], None] | None] = lambda label: None) -> dict[str, Any]:
     models = _models(cfg, progress)
@@ -180,15 +200,23 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
             res["read_bandwidth"] = bw
             log(f"random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices: cold "
                 f"{bw['cold_bytes_per_s'] / MIB:.0f} MiB/s, read again {bw['reread_bytes_per_s'] / MIB:.0f} MiB/s")
+        res["plan"] = {}
         for routing, model in models.items():
             log(f"budget sweep, {routing} routing (steady state)")
-            for f in cfg.fractions:
-                slots = info.n_expert if f >= 1 else round(f * info.n_expert)
+            sweep = [(f, info.n_expert if f >= 1 else round(f * info.n_expert)) for f in cfg.fractions]
+            for f, slots in sweep:
                 if slots < 1:
                     log(f"  {f:.3f} of the experts is below the minimum budget: skipped")
-                    continue
-                runs += measure("sweep", f"longhaul {f:.4g} of experts", routing, model, pp, tg, threads=t,
-                                load="longhaul", budget=info.budget_for(slots), fraction=min(f, 1.0), reps=cfg.reps,
-                                drop=cfg.cold, log=log)
+            sweep = [(f, s) for f, s in sweep if s >= 1]
+            predicted = _predictions(model, info, [info.budget_for(s) for _, s in sweep], cfg, log)
+            res["plan"][routing] = {str(b): v for b, v in predicted.items()}
+            for f, slots in sweep:
+                budget = info.budget_for(slots)
+                got = measure("sweep", f"longhaul {f:.4g} of experts", routing, model, pp, tg, threads=t,
+                              load="longhaul", budget=budget, fraction=min(f, 1.0), reps=cfg.reps, drop=cfg.cold,
+                              log=log)
+                for r in got:
+                    r.predicted_tokens_per_s = predicted[budget].get(r.kind)
+                runs += got
     res["analysis"] = analyse(runs, info, bw)
     return res

@@ -1,0 +1,103 @@
+"""`longhaul-cpp plan MODEL [--prompt-file F] [-n N]`: which budget, how fast (see docs/planner.md)."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..longhaul import parse_cache_size
+from ..model import Model
+from ..plan import make_plan, random_prompt
+from ..plan.predict import GIB, MIB
+from ..plan.report import plot, shown_rows, size_arg, size_text, table, to_json
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="predict hit rates and tokens/s at every expert cache budget from one run",
+                       description="Runs the prompt and N generated tokens in longhaul mode at a small budget with "
+                       "the routing recorded (routing does not depend on the budget), replays it through the "
+                       "library's per-layer LRU and the optimal (Belady) policy at every budget from one slot per "
+                       "layer to every expert, and predicts tokens/s from the run's compute time and the disk's "
+                       "bandwidth. See docs/planner.md.")
+    p.add_argument("model", help="GGUF file (the first shard of a split model)")
+    p.add_argument("--prompt-file", help="text file whose content is the prompt (default: --n-prompt random tokens, "
+                   "as llama-bench)")
+    p.add_argument("-p", "--n-prompt", type=int, default=512, help="random prompt tokens without --prompt-file "
+                   "(default 512)")
+    p.add_argument("-n", "--n-predict", type=int, default=64, help="generated tokens (default 64)")
+    p.add_argument("--longhaul-cache", help="budget of the recorded run (default: n_expert_used slots per layer)")
+    p.add_argument("--bandwidth", help="disk bandwidth in MiB/s for the predictions, or 'run': the recorded run's "
+                   "own read rate (the model's pages as cached now); default: measured with random expert reads "
+                   "(dropping the page cache first needs root)")
+    p.add_argument("-t", "--threads", type=int, default=min(os.cpu_count() or 1, 8))
+    p.add_argument("-ub", "--n-ubatch", type=int, default=512)
+    p.add_argument("--json", metavar="FILE", help="write every budget's row to FILE")
+    p.add_argument("--plot", metavar="FILE", help="draw hit rates and predicted t/s to FILE (needs matplotlib)")
+    p.add_argument("--all", action="store_true", help="print every budget, not a selection")
+    p.set_defaults(func=run)
+
+
+def _prompt(args: argparse.Namespace) -> np.ndarray:
+    if not args.prompt_file:
+        return random_prompt(args.model, args.n_prompt)
+    text = Path(args.prompt_file).read_text(encoding="utf-8")
+    with Model(args.model, vocab_only=True) as m:
+        toks = m.tokenize(text)
+    if len(toks) == 0:
+        raise ValueError(f"{args.prompt_file}: the prompt is empty")
+    return toks
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.n_predict < 0:
+        raise ValueError("-n must not be negative")
+    bandwidth: float | str | None = None
+    if args.bandwidth is not None and args.bandwidth != "run":
+        try:
+            bandwidth = float(args.bandwidth) * MIB
+        except ValueError:
+            bandwidth = -1.0
+        if not bandwidth > 0:
+            raise ValueError(f"--bandwidth '{args.bandwidth}' must be MiB/s above 0, or 'run'")
+    elif args.bandwidth == "run":
+        bandwidth = "run"
+    prompt = _prompt(args)
+    budget = parse_cache_size(args.longhaul_cache) if args.longhaul_cache else None
+    print(f"recording {len(prompt)} prompt tokens and {args.n_predict} generated tokens in longhaul mode ...",
+          flush=True)
+    p = make_plan(args.model, prompt, args.n_predict, n_threads=args.threads, budget=budget,
+                  bandwidth=bandwidth, n_ubatch=args.n_ubatch)
+    info, r = p.info, p.run
+    print(f"model {info.path.name}: {info.n_expert} experts (top-{info.n_expert_used}) in {len(info.expert_bytes)} "
+          f"routed layers, {info.routed_bytes / GIB:.3f} GiB of routed experts")
+    for name, ph in (("prompt", r.prompt), ("generation", r.gen)):
+        if ph.n_tokens:
+            print(f"run at {size_text(r.budget)}: {name} {ph.n_tokens} tokens in {ph.seconds:.2f} s, waited "
+                  f"{ph.wait_s:.2f} s of {ph.read_s:.2f} s of reads, {ph.bytes_read / MIB:.1f} MiB read")
+    print(f"disk bandwidth {p.bandwidth / MIB:.0f} MiB/s ({p.bandwidth_source})")
+    replayed = sum(a for a, _ in p.check.values())
+    measured = sum(b for _, b in p.check.values())
+    print(f"replay check at the run's budget: {replayed} misses replayed, {measured} measured"
+          + (" (equal in every layer)" if p.check_exact else
+             " (they differ: the library chose another read path, e.g. O_DIRECT under a memory limit; predictions "
+             "assume reads through the page cache)"))
+    rows = p.rows if args.all else shown_rows(p.rows, info.n_expert_used, [p.knee])
+    print(table(rows, p.knee))
+    if p.knee is not None:
+        print(f"knee: {size_text(p.knee.budget)} (--longhaul-cache {size_arg(p.knee.budget)}): past it, more "
+              "memory buys little generation speed")
+    else:
+        print("no knee: predicted time per token falls about evenly with every slot added (routing spread over the "
+              "experts); the budget buys speed in proportion up to every expert")
+    if args.json:
+        to_json(p.rows, p.knee, {"model": str(info.path), "bandwidth_bytes_per_s": p.bandwidth,
+                                 "record_budget": r.budget, "n_prompt": r.n_prompt, "n_gen": r.n_gen}, Path(args.json))
+        print(f"wrote {args.json}")
+    if args.plot:
+        if plot(p.rows, p.knee, Path(args.plot), f"{info.path.name}: {r.n_prompt} prompt + {r.n_gen} generated tokens"):
+            print(f"wrote {args.plot}")
+        else:
+            print("--plot needs matplotlib (pip install matplotlib)")
+    return 0

@@ -1,0 +1,82 @@
+"""`longhaul-cpp plan`: which budget, how fast. One run records the routing (routing does not depend on the
+budget); replaying it through the library's LRU and through the optimal policy at every budget gives the
+reads of each, and the run's own compute time with the disk's bandwidth gives tokens/s (predict.py,
+docs/planner.md)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..modelinfo import ModelInfo, inspect_model
+from .predict import BudgetRow, PhaseModel, knee, predict, replay
+from .record import PhaseRun, RecordedRun, random_prompt, record_run
+from .replay import CachePolicy, Lru, policy_from_env, replay_lru, replay_optimal
+
+__all__ = ["BudgetRow", "CachePolicy", "Lru", "PhaseModel", "PhaseRun", "Plan", "RecordedRun", "knee", "make_plan",
+           "measure_bandwidth", "policy_from_env", "predict", "random_prompt", "record_run", "replay", "replay_lru",
+           "replay_optimal"]
+
+
+@dataclasses.dataclass
+class Plan:
+    info: ModelInfo
+    run: RecordedRun
+    bandwidth: float                  # bytes/s the predictions use
+    bandwidth_source: str
+    rows: list[BudgetRow]
+    knee: BudgetRow | None
+    check: dict[int, tuple[int, int]]  # layer -> (replayed misses, measured misses) at the run's budget
+
+    @property
+    def check_exact(self) -> bool:
+        return all(a == b for a, b in self.check.values())
+
+
+def measure_bandwidth(path: Path, threads: int) -> tuple[float, str]:
+    """The disk's bandwidth for expert-sized random reads (longhaul_cpp.bench.disk), cold when the page cache
+    can be dropped (root); else the reads may come from the page cache, which the source says."""
+    from ..bench.disk import read_bandwidth
+    from ..bench.process import drop_page_cache
+    from ..bench.config import BenchError
+
+    try:
+        drop_page_cache()
+        dropped = True
+    except BenchError:
+        dropped = False
+    bw = read_bandwidth(path, threads=threads, drop=dropped)
+    src = (f"measured: random {bw['slice_bytes'] / 1024:.0f} KiB expert reads, {int(bw['threads'])} at a time, "
+           f"{'O_DIRECT' if bw['direct'] else 'buffered'}"
+           + ("" if dropped else "; the page cache could not be dropped (not root), so this may be its speed: "
+              "pass --bandwidth for the disk's"))
+    return bw["bytes_per_s"], src
+
+
+def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, n_threads: int,
+              budget: int | None = None, bandwidth: float | str | None = None, n_ubatch: int = 512,
+              budgets: Sequence[int] | None = None) -> Plan:
+    """Record a run at `budget` (default: n_expert_used slots per layer), replay it at every budget, predict.
+    bandwidth: bytes/s, "run" (the recorded run's own read rate) or None (measured by random expert reads)."""
+    info = inspect_model(path)
+    if not info.supported:
+        raise ValueError(f"{path}: longhaul does not support this model (architecture '{info.arch}'), so there "
+                         "is nothing to plan: load it normally")
+    budget = budget if budget is not None else info.budget_for(max(1, info.n_expert_used))
+    run = record_run(path, prompt, n_gen, budget=budget, n_threads=n_threads, n_ubatch=n_ubatch)
+    if bandwidth is None:
+        bandwidth, source = measure_bandwidth(Path(path), threads=min(8, os.cpu_count() or 1) + 1)
+    elif bandwidth == "run":
+        bandwidth, source = max(run.read_rate, 1.0), "the recorded run's own reads"
+    elif isinstance(bandwidth, str):
+        raise ValueError(f"bandwidth '{bandwidth}' must be bytes per second or 'run'")
+    else:
+        source = "given (--bandwidth)"
+    at_run = replay(run, info, budget)
+    check = {il: (int(at_run.lru[il].sum()), run.misses.get(il, -1)) for il in at_run.lru}
+    rows = predict(run, info, bandwidth, budgets)
+    return Plan(info=info, run=run, bandwidth=bandwidth, bandwidth_source=source, rows=rows, knee=knee(rows),
+                check=check)

@@ -1,0 +1,106 @@
+"""The planner's run: a prompt and N generated tokens in longhaul mode with the routing recorded and timed."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..longhaul import LayerStats
+from ..model import LoadMode, Model
+from ..routing import DEFAULT_MAX_IDS, Routing
+
+
+@dataclasses.dataclass
+class PhaseRun:
+    """One phase (the prompt, or the generated tokens) of the timed repetition, with the library's counters."""
+    n_tokens: int
+    seconds: float
+    wait_s: float          # the graph waited at the synchronizations (reads and planning)
+    read_s: float          # expert reads took (some of it hidden behind compute)
+    bytes_read: int
+    n_misses: int
+
+    @classmethod
+    def between(cls, n_tokens: int, seconds: float, a: LayerStats, b: LayerStats) -> PhaseRun:
+        return cls(n_tokens=n_tokens, seconds=seconds, wait_s=b.t_wait_s - a.t_wait_s, read_s=b.t_read_s - a.t_read_s,
+                   bytes_read=b.bytes_read - a.bytes_read, n_misses=b.n_misses - a.n_misses)
+
+
+@dataclasses.dataclass
+class RecordedRun:
+    routing: Routing
+    calls: list[int]       # tokens of each llama_decode of one repetition (the prompt in n_batch chunks, then 1s)
+    outputs: list[int]     # of those, the tokens whose logits were wanted (the last token of the prompt, each 1)
+    n_prompt: int
+    n_gen: int
+    budget: int
+    n_ubatch: int
+    prompt: PhaseRun
+    gen: PhaseRun
+    misses: dict[int, int]  # per routed layer, of the timed repetition (to check the replay against)
+
+    @property
+    def read_rate(self) -> float:
+        """Bytes per second of the timed repetition's expert reads (0 when it read nothing)."""
+        t = self.prompt.read_s + self.gen.read_s
+        return (self.prompt.bytes_read + self.gen.bytes_read) / t if t > 0 else 0.0
+
+
+def random_prompt(path: str | Path, n_tokens: int, seed: int = 0) -> np.ndarray:
+    """n_tokens random token ids of the model's vocabulary (as llama-bench's prompts)."""
+    if n_tokens < 0:
+        raise ValueError("the number of prompt tokens must not be negative")
+    with Model(path, vocab_only=True) as m:
+        n_vocab = m.n_vocab
+    return np.random.default_rng(seed).integers(0, n_vocab, n_tokens, dtype=np.int32)
+
+
+def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int, n_threads: int,
+               n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
+               random_gen: bool = False) -> RecordedRun:
+    """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) twice
+    in longhaul mode at `budget`; the second repetition is recorded and timed (the first warms up, as a
+    steady-state server would be). Greedy decoding makes both repetitions route alike. random_gen: feed
+    random tokens instead of the greedy ones (llama-bench's tg workload; the same seed in both repetitions)."""
+    toks = np.ascontiguousarray(prompt, dtype=np.int32)
+    if len(toks) == 0 and n_gen == 0:
+        raise ValueError("the planner needs a prompt or generated tokens")
+    n_ctx = len(toks) + n_gen + 8
+    calls = [min(n_batch, len(toks) - i) for i in range(0, len(toks), n_batch)] + [1] * n_gen
+    outputs = [0] * (len(calls) - n_gen) + [1] * n_gen
+    if len(toks):
+        outputs[len(calls) - n_gen - 1] = 1  # Context.decode wants the last token's logits
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as model, \
+            model.context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                          n_threads_batch=n_threads) as ctx:
+        for rep in range(2):
+            ctx.reset()
+            rng = np.random.default_rng(1)
+            if rep == 1:
+                model.record_routing(max_ids)
+                s0 = model.longhaul_stats()
+            t0 = time.perf_counter()
+            next_tok = int(toks[-1]) if len(toks) else 0
+            pick = (lambda: int(rng.integers(model.n_vocab))) if random_gen else (lambda: int(np.argmax(ctx.logits())))
+            if len(toks):
+                ctx.decode(toks)
+                next_tok = pick()
+            t1 = time.perf_counter()
+            if rep == 1:
+                s1 = model.longhaul_stats()
+            for _ in range(n_gen):
+                ctx.decode([next_tok])
+                next_tok = pick()
+            t2 = time.perf_counter()
+        s2 = model.longhaul_stats()
+        routing = model.routing()
+        model.record_routing(0)
+    routing.check_complete(sum(calls), sum(outputs))
+    return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,
+                       n_ubatch=n_ubatch,
+                       prompt=PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total),
+                       gen=PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total),
+                       misses={b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)})

@@ -1,0 +1,208 @@
+"""Replaying a recorded routing through the per-layer expert cache at another budget.
+
+`Lru` mirrors llama_longhaul_lru::plan (src/llama-longhaul.cpp): a plan takes a ubatch's (or a wave's, or a
+k-stage's) ids; its distinct experts that are cached are hits and become the most recently used, the missing
+ones replace, in first-seen order, the slots the plan does not use taken in order: empty ones first, then the
+least recently used, ties by slot index. `replay_lru` cuts the tokens into the ubatches, k-stages and expert
+waves the library runs at that budget (llama_longhaul::plan_waves: cached experts first, then the missing ones
+in id order, next fit into waves of the wave slots and, for compact waves, of at most n_tokens pairs) and plans
+them in the same order, so its misses are the library's (tests/test_plan.py checks them against runs). The cross-layer prefetch
+(LLAMA_LONGHAUL_PREFETCH=1) is not modelled.
+
+`replay_optimal` is Belady's policy on the same ubatches: each ubatch reads the experts it selects that are not
+cached (no policy can read fewer), and keeps the experts whose next use is soonest: the fewest misses any
+cache of that many slots can have.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ..modelinfo import expert_waves
+
+INF = np.iinfo(np.int64).max
+
+
+@dataclasses.dataclass(frozen=True)
+class CachePolicy:
+    """How the library runs a layer's ubatches (see llama_longhaul::n_waves, pipelined_waves, compact_waves_for)."""
+    waves: bool = True       # expert waves (false with per-expert biases: the ubatch is clamped instead)
+    pipelined: bool = False  # waves read the next wave's experts while they compute, in half the slots each
+    compact: bool = True     # compact waves where they run fewer rows (LLAMA_LONGHAUL_COMPACT=0: never)
+
+
+class Lru:
+    """llama_longhaul_lru: n_slots slots over n_expert experts."""
+
+    def __init__(self, n_slots: int, n_expert: int) -> None:
+        self.n_slots = n_slots
+        self.slot_expert = [-1] * n_slots
+        self.expert_slot = [-1] * n_expert
+        self.order = list(range(n_slots))  # slots by (last use, slot index); empty slots have never been used
+
+    def cached(self, e: int) -> bool:
+        return self.expert_slot[e] >= 0
+
+    def plan(self, ids: Sequence[int] | np.ndarray) -> int:
+        """Plan one synchronization's ids; returns its misses."""
+        seen: set[int] = set()
+        hits: set[int] = set()
+        misses: list[int] = []
+        for e in ids:
+            e = int(e)
+            if e in seen:
+                continue
+            seen.add(e)
+            s = self.expert_slot[e]
+            if s >= 0:
+                hits.add(s)
+            else:
+                misses.append(e)
+        if len(seen) > self.n_slots:
+            raise ValueError(f"a plan of {len(seen)} distinct experts does not fit {self.n_slots} slots")
+        victims: list[int] = []
+        if misses:
+            for s in self.order:
+                if s not in hits:
+                    victims.append(s)
+                    if len(victims) == len(misses):
+                        break
+            for s, e in zip(victims, misses):
+                old = self.slot_expert[s]
+                if old >= 0:
+                    self.expert_slot[old] = -1
+                self.slot_expert[s] = e
+                self.expert_slot[e] = s
+        touched = hits.union(victims)
+        if touched:
+            self.order = [s for s in self.order if s not in touched] + sorted(touched)
+        return len(misses)
+
+
+def compact_waves_for(k: int, n_tokens: int, wave_slots: int, n_expert: int) -> int:
+    """llama_longhaul::compact_waves_for: the compact waves of the graph (0: full waves)."""
+    n_sel = min(n_expert, n_tokens * k)
+    n_waves = -(-n_sel // wave_slots) if wave_slots > 0 else 1
+    if n_waves <= 1:
+        return 0
+    n_compact = n_waves + 2 * k
+    return n_compact if n_compact < n_waves * k else 0
+
+
+def cut_waves(pairs: Sequence[int], n_slots: int, max_pairs: float) -> list[int]:
+    """llama_longhaul::cut_waves: next fit into waves of at most n_slots experts and max_pairs pairs."""
+    first = [0]
+    n_in, n_p = 0, 0
+    for i, p in enumerate(pairs):
+        if n_in == n_slots or (n_in > 0 and n_p + p > max_pairs):
+            first.append(i)
+            n_in, n_p = 0, 0
+        n_in += 1
+        n_p += p
+    first.append(len(pairs))
+    return first
+
+
+def _ubatch_lru(lru: Lru, ub: np.ndarray, n_expert: int, policy: CachePolicy) -> int:
+    """One ubatch [n_tokens, k] through one layer; returns its misses."""
+    n, k = ub.shape
+    s = lru.n_slots
+    if s < k:  # k-stages (the ubatch is one token): each stage plans its columns
+        return sum(lru.plan(ub[:, k0:k0 + s].ravel()) for k0 in range(0, k, s))
+    if not policy.waves or expert_waves(s, n_expert, k, n) <= 1:
+        return lru.plan(ub.ravel())  # one pass (or the two-pass sync of decode: the same plan)
+    counts = np.bincount(ub.ravel(), minlength=n_expert)
+    sel = np.flatnonzero(counts).tolist()
+    order = [e for e in sel if lru.cached(e)] + [e for e in sel if not lru.cached(e)]
+    pipelined = policy.pipelined and 2 <= s < n_expert
+    w_slots = s // 2 if pipelined else s
+    compact = policy.compact and compact_waves_for(k, n, w_slots, n_expert) > 0
+    first = cut_waves([int(counts[e]) for e in order], w_slots, n if compact else float("inf"))
+    waves = [order[first[w]:first[w + 1]] for w in range(len(first) - 1)]
+    misses, reading = 0, False
+    for w, wave in enumerate(waves):
+        if not reading:
+            misses += lru.plan(wave)
+        reading = False
+        if pipelined and w + 1 < len(waves):  # this wave's and the next wave's experts, read while this one runs
+            m = lru.plan(wave + waves[w + 1])
+            misses += m
+            reading = m > 0
+    return misses
+
+
+def _ubatches(calls: Sequence[int], n_ubatch: int) -> Iterator[tuple[int, int, int]]:
+    """(call index, first token, end token) of every ubatch: each decode call cut into n_ubatch tokens."""
+    pos = 0
+    for ci, c in enumerate(calls):
+        for start in range(0, c, n_ubatch):
+            yield ci, pos + start, pos + min(c, start + n_ubatch)
+        pos += c
+
+
+def replay_lru(tokens: np.ndarray, calls: Sequence[int], n_slots: int, n_expert: int, n_ubatch: int,
+               policy: CachePolicy = CachePolicy()) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's tokens [T, k], decoded in `calls` (tokens per llama_decode), at n_slots slots and a ubatch of
+    n_ubatch tokens: the misses and the distinct experts selected (per ubatch, or per k-stage) of each call."""
+    _check(tokens, calls)
+    lru = Lru(n_slots, n_expert)
+    misses = np.zeros(len(calls), dtype=np.int64)
+    selected = np.zeros(len(calls), dtype=np.int64)
+    k = tokens.shape[1]
+    for ci, a, b in _ubatches(calls, n_ubatch):
+        ub = tokens[a:b]
+        misses[ci] += _ubatch_lru(lru, ub, n_expert, policy)
+        selected[ci] += _n_selected(ub, n_slots, k)
+    return misses, selected
+
+
+def replay_optimal(tokens: np.ndarray, calls: Sequence[int], n_slots: int, n_expert: int,
+                   n_ubatch: int) -> np.ndarray:
+    """Belady's policy on the same ubatches (one token at a time when a token's experts exceed the slots):
+    the fewest misses of each call any n_slots-slot cache can have."""
+    _check(tokens, calls)
+    k = tokens.shape[1]
+    ubs = [(ci, np.unique(tokens[a:b])) for ci, a, b in _ubatches(calls, 1 if n_slots < k else n_ubatch)]
+    # next use of every expert after each ubatch
+    nxt = np.full(n_expert, INF, dtype=np.int64)
+    next_after: list[np.ndarray] = [nxt] * len(ubs)
+    for i in range(len(ubs) - 1, -1, -1):
+        next_after[i] = nxt.copy()
+        nxt[ubs[i][1]] = i
+    misses = np.zeros(len(calls), dtype=np.int64)
+    cached = np.zeros(n_expert, dtype=bool)
+    for i, (ci, sel) in enumerate(ubs):
+        misses[ci] += int(np.count_nonzero(~cached[sel]))
+        cached[sel] = True
+        held = np.flatnonzero(cached)
+        if len(held) > n_slots:  # keep the soonest needed
+            keep = held[np.argsort(next_after[i][held], kind="stable")[:n_slots]]
+            cached[:] = False
+            cached[keep] = True
+    return misses
+
+
+def _n_selected(ub: np.ndarray, n_slots: int, k: int) -> int:
+    if n_slots < k:
+        return sum(len(np.unique(ub[:, k0:k0 + n_slots])) for k0 in range(0, k, n_slots))
+    return len(np.unique(ub))
+
+
+def _check(tokens: np.ndarray, calls: Sequence[int]) -> None:
+    if tokens.ndim != 2 or sum(calls) != len(tokens):
+        raise ValueError(f"the calls decode {sum(calls)} tokens but the layer's routing has {len(tokens)}")
+
+
+def policy_from_env(expert_bias: bool, environ: dict[str, str] | None = None) -> CachePolicy:
+    """The policy the library takes from its variables (LLAMA_LONGHAUL_PIPELINE, LLAMA_LONGHAUL_DIRECT,
+    LLAMA_LONGHAUL_COMPACT); pipelined waves otherwise follow the library's O_DIRECT choice, which the planner
+    takes as reads through the page cache."""
+    import os
+
+    env = os.environ if environ is None else environ
+    pipe = env.get("LLAMA_LONGHAUL_PIPELINE")
+    direct = env.get("LLAMA_LONGHAUL_DIRECT", "0") not in ("", "0")
+    return CachePolicy(waves=not expert_bias, pipelined=pipe == "1" if pipe in ("0", "1") else direct,
+                       compact=env.get("LLAMA_LONGHAUL_COMPACT") != "0")

@@ -1,0 +1,204 @@
+"""The routing record and `longhaul-cpp plan`: the record is whole and bounded, routing does not depend on the
+budget, replaying a run recorded at one budget gives the library's own misses at every other budget (k-stages,
+expert waves, compact and pipelined waves, a split model), the optimal policy is a lower bound and optimal on a
+known case, the time model reproduces its own run, and the command's table, JSON and errors."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from longhaul_cpp import LlamaError, LoadMode, Model, Routing, SyntheticSpec
+from longhaul_cpp.modelinfo import inspect_model
+from longhaul_cpp.plan import Lru, PhaseModel, knee, predict, record_run, replay, replay_lru, replay_optimal
+from longhaul_cpp.routing import RoutingError
+
+# 32 experts, top-4: a 16-token ubatch selects up to 32 (waves below every expert), one token 4 (stages below 4)
+SPEC = SyntheticSpec(arch="qwen3moe", n_expert=32, n_expert_used=4, expert_type="q8_0")
+
+
+def _model(make_model, spec: SyntheticSpec = SPEC, shards: int = 1) -> Path:
+    return make_model(n_shards=shards, **dataclasses.asdict(spec))[0]
+
+
+def _prompt(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, 250, n, dtype=np.int32)
+
+
+def _run(path: Path, slots: int, n_prompt: int = 48, n_gen: int = 12, n_ubatch: int = 16):
+    info = inspect_model(path)
+    return info, record_run(path, _prompt(n_prompt), n_gen, budget=info.budget_for(slots), n_threads=2,
+                            n_ubatch=n_ubatch)
+
+
+@pytest.mark.parametrize("env", [{}, {"LLAMA_LONGHAUL_PIPELINE": "1"}, {"LLAMA_LONGHAUL_COMPACT": "0"}],
+                         ids=["default", "pipelined", "full-waves"])
+def test_replay_gives_the_library_misses_at_every_budget(make_model, monkeypatch, env) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    path = _model(make_model)
+    info, rec = _run(path, 4)
+    for slots in (1, 3, 4, 6, 8, 13, 32):  # stages of 1 and 2, k, waves (odd and even slots), every expert
+        _, run = _run(path, slots)
+        for il, toks in rec.routing.layers.items():  # the routing is the same at every budget
+            assert np.array_equal(run.routing.layers[il], toks), (slots, il)
+        got = replay(rec, info, info.budget_for(slots))
+        assert {il: int(m.sum()) for il, m in got.lru.items()} == run.misses, slots
+        assert sum(run.misses.values()) == run.prompt.n_misses + run.gen.n_misses
+        for il in got.lru:  # the optimal policy never misses more
+            assert (got.opt[il].sum() <= got.lru[il].sum()) and np.all(got.lru[il] <= got.selected[il])
+    assert sum(replay(rec, info, info.budget_for(4)).lru[il].sum() for il in rec.routing.layers) > 0
+
+
+def test_replay_of_a_split_model_and_another_arch(make_model) -> None:
+    spec = SyntheticSpec(arch="qwen35moe", n_expert=16, n_expert_used=2, expert_type="q4_0")
+    path = _model(make_model, spec, shards=3)
+    info, rec = _run(path, 2, n_prompt=40, n_ubatch=8)
+    for slots in (1, 5, 9):
+        _, run = _run(path, slots, n_prompt=40, n_ubatch=8)
+        assert {il: int(m.sum()) for il, m in replay(rec, info, info.budget_for(slots)).lru.items()} == run.misses
+
+
+def test_record_shape_and_the_last_layer(make_model) -> None:
+    path = _model(make_model)
+    info, rec = _run(path, 4, n_prompt=48, n_gen=5)
+    layers = sorted(rec.routing.layers)
+    assert layers == sorted(info.expert_bytes)
+    for il in layers[:-1]:
+        assert rec.routing.layers[il].shape == (48 + 5, 4)
+        assert rec.routing.ubatches[il] == [16, 16, 16] + [1] * 5
+    # the last layer runs only the tokens whose logits are wanted
+    assert rec.routing.layers[layers[-1]].shape == (1 + 5, 4)
+    for a in rec.routing.layers.values():  # top-k: distinct ids per token, in range
+        assert a.min() >= 0 and a.max() < 32 and all(len(set(row)) == 4 for row in a.tolist())
+
+
+def test_record_is_bounded_and_needs_longhaul(make_model) -> None:
+    path = _model(make_model)
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{inspect_model(path).budget_for(8)}B") as m, \
+            m.context(n_ctx=128, n_ubatch=16) as ctx:
+        assert m.routing().layers == {}  # off until started
+        m.record_routing(3 + 16 * 4 + 3 + 16 * 4 + 5)  # two whole entries and a little
+        ctx.decode(_prompt(16))
+        r = m.routing()
+        assert r.truncated and len(r.layers) == 2 and all(a.shape == (16, 4) for a in r.layers.values())
+        with pytest.raises(RoutingError, match="truncated"):
+            r.check_complete(16, 1)
+        m.record_routing(0)  # stopped
+        ctx.decode(_prompt(4, seed=1))
+        assert m.routing().layers == {} and not m.routing().truncated
+        with pytest.raises(ValueError):
+            m.record_routing(-1)
+    with Model(path, load_mode=LoadMode.NONE) as m:
+        with pytest.raises(LlamaError, match="longhaul mode"):
+            m.record_routing()
+        with pytest.raises(LlamaError, match="longhaul mode"):
+            m.routing()
+
+
+def test_routing_parse_rejects_malformed_records() -> None:
+    ok = Routing.parse(np.array([2, 1, 2, 5, 6, 2, 2, 2, 7, 8, 9, 10], dtype=np.int32))
+    assert ok.layers[2].tolist() == [[5, 6], [7, 8], [9, 10]] and ok.ubatches[2] == [1, 2]
+    for bad in ([2, 1], [2, 3, 2, 1, 2], [1, 1, 2, 0, 1, 1, 1, 3, 4]):
+        with pytest.raises(RoutingError):
+            Routing.parse(np.array(bad, dtype=np.int32))
+
+
+def test_lru_mirrors_the_library_planner() -> None:
+    # the cases of tests/test-longhaul.cpp (llama_longhaul_lru)
+    lru = Lru(4, 16)
+    assert lru.plan([3, 5, 3, 5, 7]) == 3 and lru.plan([5, 7, 3]) == 0
+    lru = Lru(2, 8)
+    lru.plan([0]), lru.plan([1]), lru.plan([0])  # 1 is now the least recently used
+    assert lru.plan([2]) == 1 and not lru.cached(1) and lru.cached(0)
+    # ties (one plan) go by slot index: 4 and 5 load into slots 0 and 1, 0 is evicted first
+    lru = Lru(2, 8)
+    lru.plan([4, 5])
+    lru.plan([6])
+    assert not lru.cached(4) and lru.cached(5)
+    with pytest.raises(ValueError):
+        Lru(2, 8).plan([1, 2, 3])
+
+
+def test_optimal_policy_on_a_known_sequence() -> None:
+    # a b c a b c with 2 slots: LRU misses all 6; Belady keeps a, evicts b, then a: 4 misses
+    toks = np.array([[0], [1], [2], [0], [1], [2]], dtype=np.int32)
+    calls = [1] * 6
+    assert replay_optimal(toks, calls, 2, 3, 1).sum() == 4
+    assert replay_lru(toks, calls, 2, 3, 1)[0].sum() == 6
+    assert replay_optimal(toks, calls, 3, 3, 1).sum() == 3 == replay_lru(toks, calls, 3, 3, 1)[0].sum()
+    with pytest.raises(ValueError, match="calls decode"):
+        replay_lru(toks, [1] * 5, 2, 3, 1)
+
+
+def test_random_generation_routes_alike_in_both_repetitions(make_model) -> None:
+    """llama-bench's tg workload (random tokens): the replay still gives the run's misses."""
+    path = _model(make_model)
+    info = inspect_model(path)
+    rec = record_run(path, _prompt(20), 10, budget=info.budget_for(6), n_threads=2, n_ubatch=16, random_gen=True)
+    greedy = record_run(path, _prompt(20), 10, budget=info.budget_for(6), n_threads=2, n_ubatch=16)
+    assert {il: int(m.sum()) for il, m in replay(rec, info, rec.budget).lru.items()} == rec.misses
+    first = min(rec.routing.layers)
+    assert not np.array_equal(rec.routing.layers[first][20:], greedy.routing.layers[first][20:])
+
+
+def test_time_model_reproduces_its_own_run(make_model) -> None:
+    path = _model(make_model)
+    info, rec = _run(path, 4)
+    rate = rec.gen.bytes_read / rec.gen.read_s  # the run's own read rate
+    row = predict(rec, info, rate, [rec.budget])[0]
+    assert row.gen_tps == pytest.approx(rec.gen.n_tokens / rec.gen.seconds, rel=1e-9)
+    rate = rec.prompt.bytes_read / rec.prompt.read_s
+    row = predict(rec, info, rate, [rec.budget])[0]
+    assert row.prompt_tps == pytest.approx(rec.prompt.n_tokens / rec.prompt.seconds, rel=1e-9)
+    all_row = predict(rec, info, rate, [info.budget_for(32)])[0]
+    assert all_row.hit_lru_gen == 1.0 and all_row.mib_per_token_gen == 0 and all_row.gen_tps >= row.gen_tps
+    pm = PhaseModel.of(rec.gen)
+    assert 0 <= pm.exposed <= 1 and pm.fixed_s <= rec.gen.seconds
+
+
+def test_knee() -> None:
+    from longhaul_cpp.plan import BudgetRow
+
+    def rows(times: list[float]) -> list[BudgetRow]:
+        return [BudgetRow(budget=i + 1, n_slots=i + 1, hit_lru_prompt=None, hit_lru_gen=None, hit_opt_gen=None,
+                          mib_per_token_gen=None, mib_per_token_gen_opt=None, prompt_tps=None, gen_tps=1 / t,
+                          gen_tps_opt=None) for i, t in enumerate(times)]
+
+    assert knee(rows([10, 4, 2, 1.5, 1.2, 1.1, 1.0])).budget == 3  # diminishing returns
+    assert knee(rows([7, 6, 5, 4, 3, 2, 1])) is None                # linear: no knee
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "longhaul_cpp", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_plan_command(make_model, tmp_path) -> None:
+    path = _model(make_model)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The quick brown fox jumps over the lazy dog. " * 4)
+    out = tmp_path / "plan.json"
+    r = _cli("plan", str(path), "--prompt-file", str(prompt), "-n", "8", "--bandwidth", "100", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "replay check at the run's budget" in r.stdout and "(equal in every layer)" in r.stdout
+    assert "hit LRU" in r.stdout and ("knee:" in r.stdout or "no knee" in r.stdout)
+    doc = json.loads(out.read_text())
+    assert [b["n_slots"] for b in doc["budgets"]] == list(range(1, 33))
+    assert doc["bandwidth_bytes_per_s"] == 100 * 2**20
+    hits = [b["hit_lru_gen"] for b in doc["budgets"]]
+    assert hits[-1] == 1.0 and all(b["hit_opt_gen"] >= b["hit_lru_gen"] for b in doc["budgets"])
+    r = _cli("plan", str(path), "-p", "16", "-n", "4", "--bandwidth", "run", "--all")
+    assert r.returncode == 0 and "the recorded run's own reads" in r.stdout, r.stderr
+    assert len([ln for ln in r.stdout.splitlines() if "MiB " in ln and "%" in ln]) == 32  # every budget
+    for args, code, msg in ((["--bandwidth", "0"], 2, "bandwidth"), (["--bandwidth", "fast"], 2, "bandwidth"),
+                            (["-n", "-1"], 2, "-n"),
+                            (["--longhaul-cache", "1KiB"], 1, "minimum")):
+        r = _cli("plan", str(path), "-p", "8", *args)
+        assert r.returncode == code and msg in r.stderr, (args, r.stderr)
+    r = _cli("plan", str(tmp_path / "missing.gguf"))
+    assert r.returncode == 2 and "missing" in r.stderr
