@@ -15,7 +15,8 @@ import pytest
 
 from longhaul_cpp import LlamaError, LoadMode, Model, Routing, SyntheticSpec
 from longhaul_cpp.modelinfo import inspect_model
-from longhaul_cpp.plan import Lru, PhaseModel, knee, predict, record_run, replay, replay_lru, replay_optimal
+from longhaul_cpp.plan import (Lru, PhaseModel, knee, predict, prompt_syncs, record_run, replay, replay_lru,
+                               replay_optimal, wave_cost)
 from longhaul_cpp.routing import RoutingError
 
 # 32 experts, top-4: a 16-token ubatch selects up to 32 (waves below every expert), one token 4 (stages below 4)
@@ -50,6 +51,8 @@ def test_replay_gives_the_library_misses_at_every_budget(make_model, monkeypatch
         got = replay(rec, info, info.budget_for(slots))
         assert {il: int(m.sum()) for il, m in got.lru.items()} == run.misses, slots
         assert sum(run.misses.values()) == run.prompt.n_misses + run.gen.n_misses
+        # and the synchronizations (waves, stages) the prompt took
+        assert prompt_syncs(run, info, run.budget) == run.prompt.n_syncs, slots
         for il in got.lru:  # the optimal policy never misses more
             assert (got.opt[il].sum() <= got.lru[il].sum()) and np.all(got.lru[il] <= got.selected[il])
     assert sum(replay(rec, info, info.budget_for(4)).lru[il].sum() for il in rec.routing.layers) > 0
@@ -160,6 +163,28 @@ def test_time_model_reproduces_its_own_run(make_model) -> None:
     assert all_row.hit_lru_gen == 1.0 and all_row.mib_per_token_gen == 0 and all_row.gen_tps >= row.gen_tps
     pm = PhaseModel.of(rec.gen)
     assert 0 <= pm.exposed <= 1 and pm.fixed_s <= rec.gen.seconds
+    assert rec.wave_probe is None and wave_cost(rec, info) == 0.0
+
+
+def test_wave_probe(make_model) -> None:
+    """The prompt again at twice the slots: its synchronizations are the ones the model predicts there, and the
+    cost per wave it gives moves the predicted prompt time by the waves a budget adds or saves."""
+    path = _model(make_model)
+    info = inspect_model(path)
+    rec = record_run(path, _prompt(48), 4, budget=info.budget_for(4), n_threads=2, n_ubatch=16,
+                     wave_probe_budget=info.budget_for(8))
+    assert rec.wave_probe is not None and rec.wave_probe.n_tokens == 48
+    assert rec.wave_probe.n_syncs == prompt_syncs(rec, info, info.budget_for(8)) < prompt_syncs(rec, info, rec.budget)
+    c = wave_cost(rec, info)
+    assert c >= 0
+    rate = rec.prompt.bytes_read / rec.prompt.read_s
+    at_run, at_all = predict(rec, info, rate, [rec.budget, info.budget_for(32)])
+    assert at_run.prompt_tps == pytest.approx(rec.prompt.n_tokens / rec.prompt.seconds, rel=1e-9)
+    saved = prompt_syncs(rec, info, rec.budget) - prompt_syncs(rec, info, info.budget_for(32))
+    assert saved > 0
+    # every expert cached reads nothing: the time is the recorded compute less the saved waves (floored)
+    pm = PhaseModel.of(rec.prompt)
+    assert 48 / at_all.prompt_tps == pytest.approx(max(pm.fixed_s - c * saved, 0.05 * pm.fixed_s), rel=1e-9)
 
 
 def test_knee() -> None:

@@ -126,13 +126,14 @@ def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchCon
     tokens one at a time): one run recorded at n_expert_used slots per layer, its predicted t/s at each
     budget. The bandwidth is the recorded run's own read rate: like the sweep's runs, it reads from the disk
     after the page cache is dropped, then (the model fitting in memory) from the page cache."""
-    from ..plan import predict, random_prompt, record_run
+    from ..plan import predict, random_prompt, record_run, wave_probe_budget
 
     prompt = random_prompt(model, cfg.n_prompt)
     if cfg.cold:
         drop_page_cache()
-    run = record_run(model, prompt, cfg.n_gen, budget=info.budget_for(max(1, info.n_expert_used)),
-                     n_threads=cfg.threads, n_ubatch=512, random_gen=True)
+    budget = info.budget_for(max(1, info.n_expert_used))
+    run = record_run(model, prompt, cfg.n_gen, budget=budget, n_threads=cfg.threads, n_ubatch=512, random_gen=True,
+                     wave_probe_budget=wave_probe_budget(info, budget))
     rate = max(run.read_rate, 1.0)  # a run that read nothing: every budget it predicts reads nothing either
     log(f"  planner: recorded {run.n_prompt} + {run.n_gen} tokens at {run.budget / GIB:.2f} GiB, predicting with "
         f"its reads' {rate / MIB:.0f} MiB/s")

@@ -9,6 +9,8 @@ compute). At another budget the same tokens compute alike and read other bytes, 
 
 where bytes(budget) comes from replaying the routing through the library's LRU at that budget (steady state:
 the run repeated, the second repetition counted) and bandwidth is the disk's for expert-sized random reads.
+A prompt's compute also changes with its expert waves: each synchronization the budget adds or saves costs
+what the wave probe (the prompt again at twice the slots) measured per synchronization it saved.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..modelinfo import ModelInfo
+from ..modelinfo import ModelInfo, wave_syncs
 from .record import PhaseRun, RecordedRun
 from .replay import CachePolicy, policy_from_env, replay_lru, replay_optimal
 
@@ -83,6 +85,43 @@ def replay(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy |
     return out
 
 
+def prompt_syncs(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy | None = None) -> int:
+    """The synchronizations (the stats' n_stages) the prompt's ubatches take at `budget`: per layer and ubatch,
+    one per k-stage, or per expert wave of the graph (compact ones included), else one."""
+    policy = policy or policy_from_env(info.expert_bias)
+    slots = info.slots(budget)
+    ubatch = info.effective_ubatch(budget, run.n_ubatch)
+    k = info.n_expert_used
+    n_prompt_calls = len(run.calls) - run.n_gen
+    total = 0
+    for il, toks in run.routing.layers.items():
+        calls = (run.calls if len(toks) == sum(run.calls) else run.outputs)[:n_prompt_calls]
+        s = slots[il]
+        for c in calls:
+            for start in range(0, c, ubatch):
+                n = min(c, start + ubatch) - start
+                if s < k:
+                    total += -(-k // s)
+                elif policy.waves:
+                    total += wave_syncs(s, info.n_expert, k, n, policy.compact, policy.pipelined)
+                else:
+                    total += 1
+    return total
+
+
+def wave_cost(run: RecordedRun, info: ModelInfo, policy: CachePolicy | None = None) -> float:
+    """Seconds one synchronization (an expert wave: its sync and its share of the repeated graph) adds to the
+    prompt: from the recorded prompt and the wave probe at twice the slots, whose time less the reads it waited
+    on differs by the waves it saved; 0 without a probe."""
+    probe = run.wave_probe
+    if probe is None:
+        return 0.0
+    saved = prompt_syncs(run, info, run.budget, policy) - prompt_syncs(run, info, run.wave_probe_budget, policy)
+    if saved <= 0:
+        return 0.0
+    return max(0.0, (PhaseModel.of(run.prompt).fixed_s - PhaseModel.of(probe).fixed_s) / saved)
+
+
 def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequence[int] | None = None,
             policy: CachePolicy | None = None) -> list[BudgetRow]:
     """One row per budget (default: every slot count from one per layer to every expert)."""
@@ -90,6 +129,17 @@ def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequen
         budgets = [info.budget_for(s) for s in range(1, info.n_expert + 1)]
     pm, gm = PhaseModel.of(run.prompt), PhaseModel.of(run.gen)
     n_prompt_calls = len(run.calls) - run.n_gen
+    sync_s = wave_cost(run, info, policy)
+    syncs_run = prompt_syncs(run, info, run.budget, policy)
+
+    def prompt_model(budget: int) -> PhaseModel:
+        """The prompt's compute at `budget`: the waves it runs fewer or more than the recorded run's; token by
+        token (a token's experts need stages) it computes like generation."""
+        if info.effective_ubatch(budget, run.n_ubatch) == 1 and run.n_ubatch > 1 and run.n_gen:
+            return dataclasses.replace(pm, fixed_s=gm.fixed_s / run.n_gen * run.n_prompt)
+        fixed = pm.fixed_s - sync_s * (syncs_run - prompt_syncs(run, info, budget, policy))
+        return dataclasses.replace(pm, fixed_s=max(fixed, 0.05 * pm.fixed_s))
+
     rows = []
     for budget in budgets:
         r = replay(run, info, budget, policy)
@@ -114,7 +164,8 @@ def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequen
             hit_lru_gen=hit(g_miss, True) if run.n_gen else None,
             hit_opt_gen=hit(o_miss, True) if run.n_gen else None,
             mib_per_token_gen=per_tok(g_bytes), mib_per_token_gen_opt=per_tok(o_bytes),
-            prompt_tps=pm.tokens_per_s(pm_bytes, bandwidth), gen_tps=gm.tokens_per_s(g_bytes, bandwidth),
+            prompt_tps=prompt_model(budget).tokens_per_s(pm_bytes, bandwidth),
+            gen_tps=gm.tokens_per_s(g_bytes, bandwidth),
             gen_tps_opt=gm.tokens_per_s(o_bytes, bandwidth)))
     return rows
 

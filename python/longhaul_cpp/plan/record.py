@@ -22,11 +22,13 @@ class PhaseRun:
     read_s: float          # expert reads took (some of it hidden behind compute)
     bytes_read: int
     n_misses: int
+    n_syncs: int           # synchronizations of the routed layers (one per expert wave, k-stage or ubatch)
 
     @classmethod
     def between(cls, n_tokens: int, seconds: float, a: LayerStats, b: LayerStats) -> PhaseRun:
         return cls(n_tokens=n_tokens, seconds=seconds, wait_s=b.t_wait_s - a.t_wait_s, read_s=b.t_read_s - a.t_read_s,
-                   bytes_read=b.bytes_read - a.bytes_read, n_misses=b.n_misses - a.n_misses)
+                   bytes_read=b.bytes_read - a.bytes_read, n_misses=b.n_misses - a.n_misses,
+                   n_syncs=b.n_stages - a.n_stages)
 
 
 @dataclasses.dataclass
@@ -41,6 +43,8 @@ class RecordedRun:
     prompt: PhaseRun
     gen: PhaseRun
     misses: dict[int, int]  # per routed layer, of the timed repetition (to check the replay against)
+    wave_probe: PhaseRun | None = None  # the prompt again at twice the slots: what fewer expert waves save
+    wave_probe_budget: int = 0
 
     @property
     def read_rate(self) -> float:
@@ -58,13 +62,29 @@ def random_prompt(path: str | Path, n_tokens: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n_vocab, n_tokens, dtype=np.int32)
 
 
+def time_prompt(path: str | Path, prompt: np.ndarray, *, budget: int, n_threads: int, n_batch: int = 2048,
+                n_ubatch: int = 512) -> PhaseRun:
+    """The prompt decoded twice in longhaul mode at `budget`, the second time timed."""
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as model, \
+            model.context(n_ctx=len(prompt) + 8, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                          n_threads_batch=n_threads) as ctx:
+        ctx.decode(prompt)
+        ctx.reset()
+        s0 = model.longhaul_stats()
+        t0 = time.perf_counter()
+        ctx.decode(prompt)
+        seconds = time.perf_counter() - t0
+        return PhaseRun.between(len(prompt), seconds, s0.total, model.longhaul_stats().total)
+
+
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
-               random_gen: bool = False) -> RecordedRun:
+               random_gen: bool = False, wave_probe_budget: int = 0) -> RecordedRun:
     """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) twice
     in longhaul mode at `budget`; the second repetition is recorded and timed (the first warms up, as a
     steady-state server would be). Greedy decoding makes both repetitions route alike. random_gen: feed
-    random tokens instead of the greedy ones (llama-bench's tg workload; the same seed in both repetitions)."""
+    random tokens instead of the greedy ones (llama-bench's tg workload; the same seed in both repetitions).
+    wave_probe_budget: also time the prompt at that budget (time_prompt), for the cost of an expert wave."""
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
         raise ValueError("the planner needs a prompt or generated tokens")
@@ -99,8 +119,13 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
         routing = model.routing()
         model.record_routing(0)
     routing.check_complete(sum(calls), sum(outputs))
+    probe = None
+    if wave_probe_budget and len(toks) > 1:
+        probe = time_prompt(path, toks, budget=wave_probe_budget, n_threads=n_threads, n_batch=n_batch,
+                            n_ubatch=n_ubatch)
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,
                        n_ubatch=n_ubatch,
                        prompt=PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total),
                        gen=PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total),
-                       misses={b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)})
+                       misses={b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)},
+                       wave_probe=probe, wave_probe_budget=wave_probe_budget if probe else 0)

@@ -6,8 +6,8 @@ ones replace, in first-seen order, the slots the plan does not use taken in orde
 least recently used, ties by slot index. `replay_lru` cuts the tokens into the ubatches, k-stages and expert
 waves the library runs at that budget (llama_longhaul::plan_waves: cached experts first, then the missing ones
 in id order, next fit into waves of the wave slots and, for compact waves, of at most n_tokens pairs) and plans
-them in the same order, so its misses are the library's (tests/test_plan.py checks them against runs). The cross-layer prefetch
-(LLAMA_LONGHAUL_PREFETCH=1) is not modelled.
+them in the same order, so its misses are the library's (tests/test_plan.py checks them against runs). The
+cross-layer prefetch (LLAMA_LONGHAUL_PREFETCH=1) is not modelled.
 
 `replay_optimal` is Belady's policy on the same ubatches: each ubatch reads the experts it selects that are not
 cached (no policy can read fewer), and keeps the experts whose next use is soonest: the fewest misses any
