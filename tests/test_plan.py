@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -197,6 +198,17 @@ def test_knee() -> None:
 
     assert knee(rows([10, 4, 2, 1.5, 1.2, 1.1, 1.0])).budget == 3  # diminishing returns
     assert knee(rows([7, 6, 5, 4, 3, 2, 1])) is None                # linear: no knee
+
+
+def test_make_plan_measures_the_bandwidth(make_model) -> None:
+    from longhaul_cpp.plan import make_plan
+
+    path = _model(make_model)
+    p = make_plan(path, _prompt(24), 4, n_threads=2, n_ubatch=16)
+    assert p.bandwidth > 0 and p.bandwidth_source.startswith("measured: random")
+    assert ("could not be dropped" in p.bandwidth_source) == (os.geteuid() != 0)
+    assert p.check_exact and p.wave_note.startswith("wave probe: the prompt at")
+    assert len(p.rows) == 32 and p.rows[0].n_slots == 1 and p.rows[-1].hit_lru_gen == 1.0
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -52,7 +52,7 @@ def measure_bandwidth(path: Path, threads: int) -> tuple[float, str]:
         dropped = True
     except BenchError:
         dropped = False
-    bw = read_bandwidth(path, threads=threads, drop=dropped)
+    bw = read_bandwidth(path, threads=threads, drop=False)  # dropped just now, or it cannot be
     src = (f"measured: random {bw['slice_bytes'] / 1024:.0f} KiB expert reads, {int(bw['threads'])} at a time, "
            f"{'O_DIRECT' if bw['direct'] else 'buffered'}"
            + ("" if dropped else "; the page cache could not be dropped (not root), so this may be its speed: "
