@@ -65,6 +65,7 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     md = (out / "results.md").read_text()
     assert "| sweep | longhaul 0.25 of experts |" in md and "| target |" in md
     assert "The planner (`longhaul-cpp plan`" in md
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"  # matplotlib is a test dependency
     assert "Where prompt time goes" in md and "Where generation time goes" in md
     # --report re-derives the reports from results.json alone
     (out / "results.md").unlink()

@@ -220,8 +220,11 @@ def test_plan_command(make_model, tmp_path) -> None:
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("The quick brown fox jumps over the lazy dog. " * 4)
     out = tmp_path / "plan.json"
-    r = _cli("plan", str(path), "--prompt-file", str(prompt), "-n", "8", "--bandwidth", "100", "--json", str(out))
+    png = tmp_path / "plan.png"
+    r = _cli("plan", str(path), "--prompt-file", str(prompt), "-n", "8", "--bandwidth", "100", "--json", str(out),
+             "--plot", str(png))
     assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # matplotlib is a test dependency
     assert "replay check at the run's budget" in r.stdout and "(equal in every layer)" in r.stdout
     assert "hit LRU" in r.stdout and ("knee:" in r.stdout or "no knee" in r.stdout)
     doc = json.loads(out.read_text())

@@ -62,13 +62,13 @@ def plot(rows: Sequence[BudgetRow], knee: BudgetRow | None, path: Path, title: s
         return False
     x = [r.budget / GIB for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for attr, label in (("hit_lru_gen", "LRU (longhaul)"), ("hit_opt_gen", "optimal (Belady)"),
-                        ("hit_lru_prompt", "LRU, prompt")):
+    for attr, label in (("hit_lru_gen", "generation, LRU (longhaul)"), ("hit_opt_gen", "generation, optimal (Belady)"),
+                        ("hit_lru_prompt", "prompt, LRU")):
         ys = [getattr(r, attr) for r in rows]
         if any(v is not None for v in ys):
             a1.plot(x, [v * 100 if v is not None else None for v in ys], label=label)
     a1.set_xlabel("expert cache budget (GiB)")
-    a1.set_ylabel("hit rate, generation (%)")
+    a1.set_ylabel("hit rate (%)")
     a1.legend()
     for attr, label in (("gen_tps", "generation (LRU)"), ("gen_tps_opt", "generation (optimal)"),
                         ("prompt_tps", "prompt (LRU)")):
