@@ -242,3 +242,13 @@ def test_plan_command(make_model, tmp_path) -> None:
         assert r.returncode == code and msg in r.stderr, (args, r.stderr)
     r = _cli("plan", str(tmp_path / "missing.gguf"))
     assert r.returncode == 2 and "missing" in r.stderr
+
+
+def test_plot_without_matplotlib_fails_after_the_table(make_model, tmp_path, monkeypatch, capsys) -> None:
+    from longhaul_cpp.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    path = _model(make_model)
+    assert main(["plan", str(path), "-p", "8", "-n", "2", "--bandwidth", "100", "--plot", str(tmp_path / "x.png")]) == 1
+    out = capsys.readouterr()
+    assert "hit LRU" in out.out and "--plot needs matplotlib" in out.err and not (tmp_path / "x.png").exists()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -98,8 +99,10 @@ def run(args: argparse.Namespace) -> int:
                                  "record_budget": r.budget, "n_prompt": r.n_prompt, "n_gen": r.n_gen}, Path(args.json))
         print(f"wrote {args.json}")
     if args.plot:
-        if plot(p.rows, p.knee, Path(args.plot), f"{info.path.name}: {r.n_prompt} prompt + {r.n_gen} generated tokens"):
-            print(f"wrote {args.plot}")
-        else:
-            print("--plot needs matplotlib (pip install matplotlib)")
+        title = f"{info.path.name}: {r.n_prompt} prompt + {r.n_gen} generated tokens"
+        if not plot(p.rows, p.knee, Path(args.plot), title):
+            print("longhaul-cpp: error: --plot needs matplotlib: pip install matplotlib (the table above is complete)",
+                  file=sys.stderr)
+            return 1
+        print(f"wrote {args.plot}")
     return 0
