@@ -21,7 +21,7 @@ import numpy as np
 
 from ..modelinfo import ModelInfo, wave_syncs
 from .record import PhaseRun, RecordedRun
-from .replay import CachePolicy, policy_from_env, replay_lru, replay_optimal
+from .replay import CachePolicy, policy_from_env, replay_lru, replay_optimal, ubatches
 
 MIB = 1024**2
 GIB = 1024**3
@@ -76,8 +76,7 @@ def replay(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy |
     n = len(run.calls)
     out = Replay({}, {}, {})
     for il, toks in run.routing.layers.items():
-        # the last layer runs only the tokens whose logits are wanted (the last of each call)
-        calls = (run.calls if len(toks) == sum(run.calls) else run.outputs) * 2
+        calls = run.layer_calls(il) * 2
         twice = np.concatenate([toks, toks])
         m, sel = replay_lru(twice, calls, slots[il], info.n_expert, ubatch, policy)
         out.lru[il], out.selected[il] = m[n:], sel[n:]
@@ -94,18 +93,15 @@ def prompt_syncs(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePo
     k = info.n_expert_used
     n_prompt_calls = len(run.calls) - run.n_gen
     total = 0
-    for il, toks in run.routing.layers.items():
-        calls = (run.calls if len(toks) == sum(run.calls) else run.outputs)[:n_prompt_calls]
+    for il in run.routing.layers:
         s = slots[il]
-        for c in calls:
-            for start in range(0, c, ubatch):
-                n = min(c, start + ubatch) - start
-                if s < k:
-                    total += -(-k // s)
-                elif policy.waves:
-                    total += wave_syncs(s, info.n_expert, k, n, policy.compact, policy.pipelined)
-                else:
-                    total += 1
+        for _, a, b in ubatches(run.layer_calls(il)[:n_prompt_calls], ubatch):
+            if s < k:
+                total += -(-k // s)
+            elif policy.waves:
+                total += wave_syncs(s, info.n_expert, k, b - a, policy.compact, policy.pipelined)
+            else:
+                total += 1
     return total
 
 
@@ -146,9 +142,8 @@ def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequen
 
         def phase(counts: dict[int, np.ndarray], gen: bool) -> tuple[int, int]:
             cut = slice(n_prompt_calls, None) if gen else slice(0, n_prompt_calls)
-            misses = sum(int(counts[il][cut].sum()) for il in counts)
-            nbytes = sum(int(counts[il][cut].sum()) * info.expert_bytes[il] for il in counts)
-            return misses, nbytes
+            per_layer = {il: int(c[cut].sum()) for il, c in counts.items()}
+            return sum(per_layer.values()), sum(n * info.expert_bytes[il] for il, n in per_layer.items())
 
         def hit(misses: int, gen: bool) -> float | None:
             sel = phase(r.selected, gen)[0]

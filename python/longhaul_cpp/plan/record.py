@@ -46,6 +46,11 @@ class RecordedRun:
     wave_probe: PhaseRun | None = None  # the prompt again at twice the slots: what fewer expert waves save
     wave_probe_budget: int = 0
 
+    def layer_calls(self, il: int) -> list[int]:
+        """The tokens layer il ran in each call: all of them, or for the last layer (which runs only the tokens
+        whose logits are wanted) the outputs."""
+        return self.calls if len(self.routing.layers[il]) == sum(self.calls) else self.outputs
+
     @property
     def read_rate(self) -> float:
         """Bytes per second of the timed repetition's expert reads (0 when it read nothing)."""

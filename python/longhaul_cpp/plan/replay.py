@@ -133,7 +133,7 @@ def _ubatch_lru(lru: Lru, ub: np.ndarray, n_expert: int, policy: CachePolicy) ->
     return misses
 
 
-def _ubatches(calls: Sequence[int], n_ubatch: int) -> Iterator[tuple[int, int, int]]:
+def ubatches(calls: Sequence[int], n_ubatch: int) -> Iterator[tuple[int, int, int]]:
     """(call index, first token, end token) of every ubatch: each decode call cut into n_ubatch tokens."""
     pos = 0
     for ci, c in enumerate(calls):
@@ -151,7 +151,7 @@ def replay_lru(tokens: np.ndarray, calls: Sequence[int], n_slots: int, n_expert:
     misses = np.zeros(len(calls), dtype=np.int64)
     selected = np.zeros(len(calls), dtype=np.int64)
     k = tokens.shape[1]
-    for ci, a, b in _ubatches(calls, n_ubatch):
+    for ci, a, b in ubatches(calls, n_ubatch):
         ub = tokens[a:b]
         misses[ci] += _ubatch_lru(lru, ub, n_expert, policy)
         selected[ci] += _n_selected(ub, n_slots, k)
@@ -164,7 +164,7 @@ def replay_optimal(tokens: np.ndarray, calls: Sequence[int], n_slots: int, n_exp
     the fewest misses of each call any n_slots-slot cache can have."""
     _check(tokens, calls)
     k = tokens.shape[1]
-    ubs = [(ci, np.unique(tokens[a:b])) for ci, a, b in _ubatches(calls, 1 if n_slots < k else n_ubatch)]
+    ubs = [(ci, np.unique(tokens[a:b])) for ci, a, b in ubatches(calls, 1 if n_slots < k else n_ubatch)]
     # next use of every expert after each ubatch
     nxt = np.full(n_expert, INF, dtype=np.int64)
     next_after: list[np.ndarray] = [nxt] * len(ubs)
