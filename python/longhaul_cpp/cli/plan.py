@@ -77,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
         if ph.n_tokens:
             print(f"run at {size_text(r.budget)}: {name} {ph.n_tokens} tokens in {ph.seconds:.2f} s, waited "
                   f"{ph.wait_s:.2f} s of {ph.read_s:.2f} s of reads, {ph.bytes_read / MIB:.1f} MiB read")
-    if p.wave_note:
-        print(p.wave_note)
     print(f"disk bandwidth {p.bandwidth / MIB:.0f} MiB/s ({p.bandwidth_source})")
     replayed = sum(a for a, _ in p.check.values())
     measured = sum(b for _, b in p.check.values())

@@ -11,17 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .._lib import LlamaError
-from ..model import fit_longhaul_cache
 from ..modelinfo import ModelInfo, inspect_model
-from .predict import BudgetRow, PhaseModel, knee, predict, prompt_syncs, replay, wave_cost
-from .report import size_text
+from .predict import BudgetRow, PhaseModel, knee, predict, replay
 from .record import PhaseRun, RecordedRun, random_prompt, record_run
 from .replay import CachePolicy, Lru, policy_from_env, replay_lru, replay_optimal
 
 __all__ = ["BudgetRow", "CachePolicy", "Lru", "PhaseModel", "PhaseRun", "Plan", "RecordedRun", "knee", "make_plan",
-           "measure_bandwidth", "policy_from_env", "predict", "prompt_syncs", "random_prompt", "record_run", "replay",
-           "replay_lru", "replay_optimal", "wave_cost", "wave_probe_budget"]
+           "measure_bandwidth", "policy_from_env", "predict", "random_prompt", "record_run", "replay", "replay_lru",
+           "replay_optimal"]
 
 
 @dataclasses.dataclass
@@ -33,7 +30,6 @@ class Plan:
     rows: list[BudgetRow]
     knee: BudgetRow | None
     check: dict[int, tuple[int, int]]  # layer -> (replayed misses, measured misses) at the run's budget
-    wave_note: str = ""                # what the wave probe measured, or why it was skipped
 
     @property
     def check_exact(self) -> bool:
@@ -60,12 +56,6 @@ def measure_bandwidth(path: Path, threads: int) -> tuple[float, str]:
     return bw["bytes_per_s"], src
 
 
-def wave_probe_budget(info: ModelInfo, budget: int) -> int:
-    """Twice the recorded run's slots (at most every expert), or 0 when it already caches every expert."""
-    s = min(info.slots(budget).values())
-    return info.budget_for(min(2 * s, info.n_expert)) if s < info.n_expert else 0
-
-
 def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, n_threads: int,
               budget: int | None = None, bandwidth: float | str | None = None, n_ubatch: int = 512,
               budgets: Sequence[int] | None = None) -> Plan:
@@ -76,23 +66,7 @@ def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, 
         raise ValueError(f"{path}: longhaul does not support this model (architecture '{info.arch}'), so there "
                          "is nothing to plan: load it normally")
     budget = budget if budget is not None else info.budget_for(max(1, info.n_expert_used))
-    probe = wave_probe_budget(info, budget) if len(prompt) > 1 else 0
-    note = ""
-    if probe:
-        # the probe holds twice the slots: only where that fits in the memory available (as `auto` sees it)
-        try:
-            fits = fit_longhaul_cache(path, context_params={"n_ctx": len(prompt) + 8, "n_ubatch": n_ubatch}).budget
-        except LlamaError:
-            fits = 0
-        if probe > fits:
-            note = (f"wave probe skipped: twice the slots ({size_text(probe)}) do not fit in the memory "
-                    "available; prompt predictions keep the recorded run's waves")
-            probe = 0
-    run = record_run(path, prompt, n_gen, budget=budget, n_threads=n_threads, n_ubatch=n_ubatch,
-                     wave_probe_budget=probe)
-    if run.wave_probe is not None:
-        note = (f"wave probe: the prompt at {size_text(run.wave_probe_budget)} took {run.wave_probe.seconds:.2f} "
-                f"s; one expert-wave synchronization costs {1000 * wave_cost(run, info):.2f} ms")
+    run = record_run(path, prompt, n_gen, budget=budget, n_threads=n_threads, n_ubatch=n_ubatch)
     if bandwidth is None:
         bandwidth, source = measure_bandwidth(Path(path), threads=min(8, os.cpu_count() or 1) + 1)
     elif bandwidth == "run":
@@ -105,4 +79,4 @@ def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, 
     check = {il: (int(at_run.lru[il].sum()), run.misses.get(il, -1)) for il in at_run.lru}
     rows = predict(run, info, bandwidth, budgets)
     return Plan(info=info, run=run, bandwidth=bandwidth, bandwidth_source=source, rows=rows, knee=knee(rows),
-                check=check, wave_note=note)
+                check=check)

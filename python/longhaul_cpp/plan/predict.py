@@ -2,15 +2,18 @@
 
 A phase (the prompt, or the generated tokens) of the recorded run took `seconds`, of which the graph waited
 `wait_s` at the synchronizations while the expert reads took `read_s` (the rest of the read time ran behind
-compute). At another budget the same tokens compute alike and read other bytes, so
+compute). At another budget the same tokens compute alike and read other bytes, so for generation
 
     time(budget) = (seconds - min(wait_s, read_s)) + exposed * bytes(budget) / bandwidth,
     exposed      = min(wait_s, read_s) / read_s        (1 when the run read nothing)
 
+and for a prompt, whose reads run behind its expert waves' matmuls but take the cores from them (copies and
+conversions into the slots: measured, a prompt takes its compute plus all of its read time)
+
+    time(budget) = (seconds - read_s) + bytes(budget) / bandwidth,
+
 where bytes(budget) comes from replaying the routing through the library's LRU at that budget (steady state:
 the run repeated, the second repetition counted) and bandwidth is the disk's for expert-sized random reads.
-A prompt's compute also changes with its expert waves: each synchronization the budget adds or saves costs
-what the wave probe (the prompt again at twice the slots) measured per synchronization it saved.
 """
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..modelinfo import ModelInfo, wave_syncs
+from ..modelinfo import ModelInfo
 from .record import PhaseRun, RecordedRun
-from .replay import CachePolicy, policy_from_env, replay_lru, replay_optimal, ubatches
+from .replay import CachePolicy, policy_from_env, replay_lru, replay_optimal
 
 MIB = 1024**2
 GIB = 1024**3
@@ -35,9 +38,15 @@ class PhaseModel:
 
     @classmethod
     def of(cls, p: PhaseRun) -> PhaseModel:
+        """Generation: the reads the graph waited on cost time, the ones behind compute do not."""
         waited = min(p.wait_s, p.read_s)
         return cls(n_tokens=p.n_tokens, fixed_s=max(0.0, p.seconds - waited),
                    exposed=waited / p.read_s if p.read_s > 0 else 1.0)
+
+    @classmethod
+    def of_prompt(cls, p: PhaseRun) -> PhaseModel:
+        """A prompt: all of its read time costs time, waited on or not."""
+        return cls(n_tokens=p.n_tokens, fixed_s=max(0.0, p.seconds - p.read_s), exposed=1.0)
 
     def tokens_per_s(self, bytes_read: float, bandwidth: float) -> float | None:
         if self.n_tokens == 0:
@@ -84,57 +93,19 @@ def replay(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy |
     return out
 
 
-def prompt_syncs(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy | None = None) -> int:
-    """The synchronizations (the stats' n_stages) the prompt's ubatches take at `budget`: per layer and ubatch,
-    one per k-stage, or per expert wave of the graph (compact ones included), else one."""
-    policy = policy or policy_from_env(info.expert_bias)
-    slots = info.slots(budget)
-    ubatch = info.effective_ubatch(budget, run.n_ubatch)
-    k = info.n_expert_used
-    n_prompt_calls = len(run.calls) - run.n_gen
-    total = 0
-    for il in run.routing.layers:
-        s = slots[il]
-        for _, a, b in ubatches(run.layer_calls(il)[:n_prompt_calls], ubatch):
-            if s < k:
-                total += -(-k // s)
-            elif policy.waves:
-                total += wave_syncs(s, info.n_expert, k, b - a, policy.compact, policy.pipelined)
-            else:
-                total += 1
-    return total
-
-
-def wave_cost(run: RecordedRun, info: ModelInfo, policy: CachePolicy | None = None) -> float:
-    """Seconds one synchronization (an expert wave: its sync and its share of the repeated graph) adds to the
-    prompt: from the recorded prompt and the wave probe at twice the slots, whose time less the reads it waited
-    on differs by the waves it saved; 0 without a probe."""
-    probe = run.wave_probe
-    if probe is None:
-        return 0.0
-    saved = prompt_syncs(run, info, run.budget, policy) - prompt_syncs(run, info, run.wave_probe_budget, policy)
-    if saved <= 0:
-        return 0.0
-    return max(0.0, (PhaseModel.of(run.prompt).fixed_s - PhaseModel.of(probe).fixed_s) / saved)
-
-
 def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequence[int] | None = None,
             policy: CachePolicy | None = None) -> list[BudgetRow]:
     """One row per budget (default: every slot count from one per layer to every expert)."""
     if budgets is None:
         budgets = [info.budget_for(s) for s in range(1, info.n_expert + 1)]
-    pm, gm = PhaseModel.of(run.prompt), PhaseModel.of(run.gen)
+    pm, gm = PhaseModel.of_prompt(run.prompt), PhaseModel.of(run.gen)
     n_prompt_calls = len(run.calls) - run.n_gen
-    sync_s = wave_cost(run, info, policy)
-    syncs_run = prompt_syncs(run, info, run.budget, policy)
 
     def prompt_model(budget: int) -> PhaseModel:
-        """The prompt's compute at `budget`: the waves it runs fewer or more than the recorded run's; token by
-        token (a token's experts need stages) it computes like generation."""
+        """The prompt at `budget`; token by token (a token's experts need stages) it computes like generation."""
         if info.effective_ubatch(budget, run.n_ubatch) == 1 and run.n_ubatch > 1 and run.n_gen:
-            return dataclasses.replace(pm, fixed_s=gm.fixed_s / run.n_gen * run.n_prompt)
-        fixed = pm.fixed_s - sync_s * (syncs_run - prompt_syncs(run, info, budget, policy))
-        return dataclasses.replace(pm, fixed_s=max(fixed, 0.05 * pm.fixed_s))
+            return dataclasses.replace(gm, n_tokens=run.n_prompt, fixed_s=gm.fixed_s / run.n_gen * run.n_prompt)
+        return pm
 
     rows = []
     for budget in budgets:

@@ -15,20 +15,18 @@ from ..routing import DEFAULT_MAX_IDS, Routing
 
 @dataclasses.dataclass
 class PhaseRun:
-    """One phase (the prompt, or the generated tokens) of the timed repetition, with the library's counters."""
+    """One phase (the prompt, or the generated tokens) of a timed repetition, with the library's counters."""
     n_tokens: int
     seconds: float
     wait_s: float          # the graph waited at the synchronizations (reads and planning)
     read_s: float          # expert reads took (some of it hidden behind compute)
     bytes_read: int
     n_misses: int
-    n_syncs: int           # synchronizations of the routed layers (one per expert wave, k-stage or ubatch)
 
     @classmethod
     def between(cls, n_tokens: int, seconds: float, a: LayerStats, b: LayerStats) -> PhaseRun:
         return cls(n_tokens=n_tokens, seconds=seconds, wait_s=b.t_wait_s - a.t_wait_s, read_s=b.t_read_s - a.t_read_s,
-                   bytes_read=b.bytes_read - a.bytes_read, n_misses=b.n_misses - a.n_misses,
-                   n_syncs=b.n_stages - a.n_stages)
+                   bytes_read=b.bytes_read - a.bytes_read, n_misses=b.n_misses - a.n_misses)
 
 
 @dataclasses.dataclass
@@ -42,9 +40,7 @@ class RecordedRun:
     n_ubatch: int
     prompt: PhaseRun
     gen: PhaseRun
-    misses: dict[int, int]  # per routed layer, of the timed repetition (to check the replay against)
-    wave_probe: PhaseRun | None = None  # the prompt again at twice the slots: what fewer expert waves save
-    wave_probe_budget: int = 0
+    misses: dict[int, int]  # per routed layer, of the recorded repetition (to check the replay against)
 
     def layer_calls(self, il: int) -> list[int]:
         """The tokens layer il ran in each call: all of them, or for the last layer (which runs only the tokens
@@ -53,7 +49,7 @@ class RecordedRun:
 
     @property
     def read_rate(self) -> float:
-        """Bytes per second of the timed repetition's expert reads (0 when it read nothing)."""
+        """Bytes per second of the expert reads of the timed phases (0 when they read nothing)."""
         t = self.prompt.read_s + self.gen.read_s
         return (self.prompt.bytes_read + self.gen.bytes_read) / t if t > 0 else 0.0
 
@@ -67,29 +63,19 @@ def random_prompt(path: str | Path, n_tokens: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n_vocab, n_tokens, dtype=np.int32)
 
 
-def time_prompt(path: str | Path, prompt: np.ndarray, *, budget: int, n_threads: int, n_batch: int = 2048,
-                n_ubatch: int = 512) -> PhaseRun:
-    """The prompt decoded twice in longhaul mode at `budget`, the second time timed."""
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as model, \
-            model.context(n_ctx=len(prompt) + 8, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-                          n_threads_batch=n_threads) as ctx:
-        ctx.decode(prompt)
-        ctx.reset()
-        s0 = model.longhaul_stats()
-        t0 = time.perf_counter()
-        ctx.decode(prompt)
-        seconds = time.perf_counter() - t0
-        return PhaseRun.between(len(prompt), seconds, s0.total, model.longhaul_stats().total)
+def faster(a: PhaseRun | None, b: PhaseRun) -> PhaseRun:
+    """The faster of two timings of the same work: this machine's noise only ever slows a run down."""
+    return b if a is None or b.seconds < a.seconds else a
 
 
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
-               random_gen: bool = False, wave_probe_budget: int = 0) -> RecordedRun:
-    """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) twice
-    in longhaul mode at `budget`; the second repetition is recorded and timed (the first warms up, as a
-    steady-state server would be). Greedy decoding makes both repetitions route alike. random_gen: feed
-    random tokens instead of the greedy ones (llama-bench's tg workload; the same seed in both repetitions).
-    wave_probe_budget: also time the prompt at that budget (time_prompt), for the cost of an expert wave."""
+               random_gen: bool = False, timed: int = 2) -> RecordedRun:
+    """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) in
+    longhaul mode at `budget`, once to warm up (as a steady-state server would be) and then `timed` times: the
+    first timed repetition is recorded, and each phase keeps the faster of its timed repetitions (all of them
+    route alike). random_gen: feed random tokens instead of the greedy ones (llama-bench's tg workload; the same
+    seed in every repetition)."""
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
         raise ValueError("the planner needs a prompt or generated tokens")
@@ -98,15 +84,17 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     outputs = [0] * (len(calls) - n_gen) + [1] * n_gen
     if len(toks):
         outputs[len(calls) - n_gen - 1] = 1  # Context.decode wants the last token's logits
+    prompt_run: PhaseRun | None = None
+    gen_run: PhaseRun | None = None
     with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as model, \
             model.context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                           n_threads_batch=n_threads) as ctx:
-        for rep in range(2):
+        for rep in range(1 + max(1, timed)):
             ctx.reset()
             rng = np.random.default_rng(1)
             if rep == 1:
                 model.record_routing(max_ids)
-                s0 = model.longhaul_stats()
+            s0 = model.longhaul_stats()
             t0 = time.perf_counter()
             next_tok = int(toks[-1]) if len(toks) else 0
             pick = (lambda: int(rng.integers(model.n_vocab))) if random_gen else (lambda: int(np.argmax(ctx.logits())))
@@ -114,23 +102,22 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
                 ctx.decode(toks)
                 next_tok = pick()
             t1 = time.perf_counter()
-            if rep == 1:
-                s1 = model.longhaul_stats()
+            s1 = model.longhaul_stats()
             for _ in range(n_gen):
                 ctx.decode([next_tok])
                 next_tok = pick()
             t2 = time.perf_counter()
-        s2 = model.longhaul_stats()
-        routing = model.routing()
-        model.record_routing(0)
+            s2 = model.longhaul_stats()
+            if rep == 0:
+                continue
+            if rep == 1:
+                routing = model.routing()
+                model.record_routing(0)
+                misses = {b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)}
+            prompt_run = faster(prompt_run, PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total))
+            gen_run = faster(gen_run, PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total))
+    assert prompt_run is not None and gen_run is not None
     routing.check_complete(sum(calls), sum(outputs))
-    probe = None
-    if wave_probe_budget and len(toks) > 1:
-        probe = time_prompt(path, toks, budget=wave_probe_budget, n_threads=n_threads, n_batch=n_batch,
-                            n_ubatch=n_ubatch)
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,
                        n_ubatch=n_ubatch,
-                       prompt=PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total),
-                       gen=PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total),
-                       misses={b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)},
-                       wave_probe=probe, wave_probe_budget=wave_probe_budget if probe else 0)
+                       prompt=prompt_run, gen=gen_run, misses=misses)
