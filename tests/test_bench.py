@@ -25,6 +25,15 @@ def _tiny(make_model) -> Path:
     return make_model(**dataclasses.asdict(TINY))[0]
 
 
+def _direct_ok(path: Path) -> bool:
+    """Whether the file's filesystem takes O_DIRECT (tmpfs does not: the library reads buffered there)."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+
+
 def test_bench_smoke(make_model, tmp_path) -> None:
     model = _tiny(make_model)
     out = tmp_path / "out"
@@ -55,8 +64,16 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert ratio["measured"] == pytest.approx(full_tg["tokens_per_s"] / default_tg["tokens_per_s"], rel=1e-6)
     assert all(x["convert_s"] is not None for x in lh)  # the conversion's share of the reads is recorded
     assert ratio["met"] == (ratio["measured"] >= ratio["goal"])
-    # the planner's prediction for each sweep run, and its error as a target
+    # the sweep reads its experts from the storage even with the page cache warm (--no-cold warms it), as for
+    # a model that does not fit in memory: the process read at least the timed runs' expert bytes from the disk
     sweep = [x for x in runs if x["scenario"] == "sweep"]
+    assert res["sweep_env"] == ({} if "LLAMA_LONGHAUL_DIRECT" in os.environ else {"LLAMA_LONGHAUL_DIRECT": "1"})
+    if res["sweep_env"] and _direct_ok(model):
+        reads = [x for x in sweep if x["fraction"] == 0.25]
+        assert all(x["disk_gib_read"] >= x["expert_gib_read"] > 0 for x in reads), reads
+    normal = [x for x in runs if x["scenario"] == "resident"]
+    assert all(x["disk_gib_read"] < 0.5 * model.stat().st_size / 2**30 for x in normal)  # the warm page cache
+    # the planner's prediction for each sweep run, and its error as a target
     assert all(x["predicted_tokens_per_s"] > 0 for x in sweep)
     assert set(res["plan"]["uniform"]) == {str(TINY.budget_for(4)), str(TINY.budget_for(16))}
     planner = [t for t in res["analysis"]["targets"] if t["target"].startswith("sweep: the planner")][0]
@@ -131,12 +148,8 @@ def test_reads_bypass_the_page_cache_only_under_a_memory_limit(make_model) -> No
     assert capped.returncode == 0, capped.stderr[-2000:]
     line = next(x for x in capped.stderr.splitlines() if "read with O_DIRECT" in x)
     assert "MiB of memory available" in line
-    try:  # a filesystem that refuses O_DIRECT (tmpfs) keeps the shard buffered
-        os.close(os.open(model, os.O_RDONLY | os.O_DIRECT))
-        direct_ok = True
-    except OSError:
-        direct_ok = False
-    assert f"{int(direct_ok)} of 1 shard(s) read with O_DIRECT" in line
+    # a filesystem that refuses O_DIRECT (tmpfs) keeps the shard buffered
+    assert f"{int(_direct_ok(model))} of 1 shard(s) read with O_DIRECT" in line
 
 
 def test_run_process_reports_io_and_rss(tmp_path) -> None:

@@ -108,15 +108,18 @@ def drop_page_cache() -> None:
                          "leave them out with --no-cold") from e
 
 
-def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float | None = None) -> ProcResult:
-    """Run argv, return its exit, peak RSS, storage reads and (capped) cgroup peak."""
+def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float | None = None,
+                env: dict[str, str] | None = None) -> ProcResult:
+    """Run argv (with these environment variables added to this process's), return its exit, peak RSS, storage
+    reads and (capped) cgroup peak."""
     if cap is not None:
         cap.reset_peak()
     # the child joins the cgroup before it execs, so the whole tool runs capped
     pre = (lambda: cap.add(os.getpid())) if cap is not None else None
     t0 = time.perf_counter()
+    # errors="replace": the generated text of random weights can be any bytes
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
-                         errors="replace", preexec_fn=pre)  # generated text of random weights: any bytes
+                         errors="replace", preexec_fn=pre, env={**os.environ, **env} if env else None)
     out: list[str] = []
     err: list[str] = []
     readers = [threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True),  # type: ignore[union-attr]

@@ -31,6 +31,12 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"Random {how} reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices, "
                      f"{int(bw['threads'])} at a time: {detail}.")
         lines.append("")
+    if "sweep_env" in res:
+        env = res["sweep_env"]
+        lines += [f"The sweep's runs (and the planner's recorded run) read experts "
+                  + (f"with {', '.join(f'{k}={v}' for k, v in env.items())}: from the storage, as for a model that "
+                     "does not fit in memory." if env else
+                     "as the library chose (LLAMA_LONGHAUL_DIRECT was set by the user)."), ""]
     lines += ["| scenario | load | routing | state | test | t/s | hit rate | expert MiB/token | peak RSS GiB |",
               "|---|---|---|---|---|---:|---:|---:|---:|"]
     for run in res["runs"]:

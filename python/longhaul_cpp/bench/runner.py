@@ -1,10 +1,11 @@
 """The scenarios: each measurement is one llama-bench process, read back through its JSON."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +38,21 @@ def llama_bench_argv(model: Path, n_prompt: int, n_gen: int, *, threads: int, lo
 def measure(scenario: str, label: str, routing: str, model: Path, n_prompt: int, n_gen: int, *, threads: int,
             load: str = "normal", budget: int | None = None, fraction: float | None = None, repack: bool = True,
             reps: int = 2, cold: bool = False, cap: MemoryCap | None = None, timeout: float | None = None,
-            ubatch: int = 512, drop: bool = False, log: Callable[[str], None] = print) -> list[Run]:
+            ubatch: int = 512, drop: bool = False, env: dict[str, str] | None = None,
+            log: Callable[[str], None] = print) -> list[Run]:
     """One llama-bench process: a pp test then a tg test (either may be 0). The model (and so the
     expert cache) lives across both, so a warm tg test starts from the cache the prompt filled.
     Cold: the page cache is dropped first, no warmup, one repetition. Under a cap the page cache is
     always dropped first: pages cached from outside the cgroup would not count against its limit,
     so a capped steady state is reached by the tool's own warmup, inside the cap. `drop`: also drop
-    it for a warm run (the sweep: expert reads then come from the disk, as the overlapped bound assumes)."""
+    it for a warm run. env: environment variables for the tool (the sweep's read path)."""
     argv = llama_bench_argv(model, n_prompt, n_gen, threads=threads, load=load, budget=budget, repack=repack,
                             reps=1 if cold else reps, warmup=not cold, ubatch=ubatch)
     if cold or cap is not None or drop:
         drop_page_cache()
     else:
         warm_page_cache(model)
-    res = run_process(argv, cap=cap, timeout=timeout)
+    res = run_process(argv, cap=cap, timeout=timeout, env=env)
     base = dict(scenario=scenario, label=label, load=load, layout="repacked" if repack else "plain", routing=routing,
                 budget_bytes=budget, fraction=fraction, cap_gib=cap.limit / GIB if cap else None, cold=cold,
                 status=res.status, peak_rss_gib=res.peak_rss / GIB,
@@ -120,23 +122,50 @@ def _model_record(path: Path, info: ModelInfo) -> dict[str, Any]:
             "expert_bytes": max(info.expert_bytes.values()), "n_moe_layers": len(info.expert_bytes)}
 
 
-def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchConfig,
+def sweep_env() -> dict[str, str]:
+    """The sweep's read path: experts from the storage with O_DIRECT, as the library reads them when the memory
+    cannot hold the experts outside its cache (the case it is for). A model that fits in the page cache (the
+    bench models on a machine with more memory) would otherwise be read buffered, mostly out of the page
+    cache's readahead, which no disk probe bounds (docs/decisions.md). LLAMA_LONGHAUL_DIRECT set by the user
+    decides instead."""
+    return {} if "LLAMA_LONGHAUL_DIRECT" in os.environ else {"LLAMA_LONGHAUL_DIRECT": "1"}
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """These environment variables in this process (the library reads them when a model loads)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchConfig, bandwidth: float | None,
                  log: Callable[[str], None]) -> dict[int, dict[str, float | None]]:
     """The planner (longhaul_cpp.plan) on the sweep's workload (llama-bench's: a random prompt, then random
-    tokens one at a time): one run recorded at n_expert_used slots per layer, its predicted t/s at each
-    budget. The bandwidth is the recorded run's own read rate: like the sweep's runs, it reads from the disk
-    after the page cache is dropped, then (the model fitting in memory) from the page cache."""
-    from ..plan import predict, random_prompt, record_run, wave_probe_budget
+    tokens one at a time, read as the sweep reads): one run recorded at n_expert_used slots per layer, its
+    predicted t/s at each budget, with `bandwidth` (the bound's probe: the sweep's reads are the probe's,
+    random O_DIRECT reads of expert slices) or without a probe the recorded run's own read rate."""
+    from ..plan import predict, random_prompt, record_run
 
     prompt = random_prompt(model, cfg.n_prompt)
     if cfg.cold:
         drop_page_cache()
     budget = info.budget_for(max(1, info.n_expert_used))
-    run = record_run(model, prompt, cfg.n_gen, budget=budget, n_threads=cfg.threads, n_ubatch=512, random_gen=True,
-                     wave_probe_budget=wave_probe_budget(info, budget))
-    rate = max(run.read_rate, 1.0)  # a run that read nothing: every budget it predicts reads nothing either
-    log(f"  planner: recorded {run.n_prompt} + {run.n_gen} tokens at {run.budget / GIB:.2f} GiB, predicting with "
-        f"its reads' {rate / MIB:.0f} MiB/s")
+    with _environ(sweep_env()):
+        run = record_run(model, prompt, cfg.n_gen, budget=budget, n_threads=cfg.threads, n_ubatch=512,
+                         random_gen=True)
+    # a run that read nothing: every budget it predicts reads nothing either
+    rate = bandwidth or max(run.read_rate, 1.0)
+    log(f"  planner: recorded {run.n_prompt} + {run.n_gen} tokens at {run.budget / GIB:.2f} GiB (its reads "
+        f"{run.read_rate / MIB:.0f} MiB/s), predicting with {'the probe' if bandwidth else 'its reads'}' "
+        f"{rate / MIB:.0f} MiB/s")
     rows = predict(run, info, rate, budgets)
     return {r.budget: {"pp": r.prompt_tps, "tg": r.gen_tps} for r in rows}
 
@@ -202,20 +231,25 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
             log(f"random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices: cold "
                 f"{bw['cold_bytes_per_s'] / MIB:.0f} MiB/s, read again {bw['reread_bytes_per_s'] / MIB:.0f} MiB/s")
         res["plan"] = {}
+        res["sweep_env"] = env = sweep_env()
+        # the probe's reads are the sweep's (O_DIRECT) unless the user asked for buffered reads
+        direct = {**os.environ, **env}.get("LLAMA_LONGHAUL_DIRECT", "0") != "0"
         for routing, model in models.items():
-            log(f"budget sweep, {routing} routing (steady state)")
+            log(f"budget sweep, {routing} routing (steady state"
+                + (f"; {', '.join(f'{k}={v}' for k, v in env.items())})" if env else ")"))
             sweep = [(f, info.n_expert if f >= 1 else round(f * info.n_expert)) for f in cfg.fractions]
             for f, slots in sweep:
                 if slots < 1:
                     log(f"  {f:.3f} of the experts is below the minimum budget: skipped")
             sweep = [(f, s) for f, s in sweep if s >= 1]
-            predicted = _predictions(model, info, [info.budget_for(s) for _, s in sweep], cfg, log)
+            predicted = _predictions(model, info, [info.budget_for(s) for _, s in sweep], cfg,
+                                     bw["bytes_per_s"] if bw and direct else None, log)
             res["plan"][routing] = {str(b): v for b, v in predicted.items()}
             for f, slots in sweep:
                 budget = info.budget_for(slots)
                 got = measure("sweep", f"longhaul {f:.4g} of experts", routing, model, pp, tg, threads=t,
                               load="longhaul", budget=budget, fraction=min(f, 1.0), reps=cfg.reps, drop=cfg.cold,
-                              log=log)
+                              env=env, log=log)
                 for r in got:
                     r.predicted_tokens_per_s = predicted[budget].get(r.kind)
                 runs += got
