@@ -2,6 +2,7 @@
 LONGHAUL_CPP_LIB_DIR points at the Vulkan build (ci/vulkan-build.sh), it decodes a prompt with every
 logit kept, generates greedily, writes the logits to an .npy file and prints the token ids and the
 longhaul stats as JSON. Usage: vulkan_probe.py MODEL OUT.npy N_GPU_LAYERS BUDGET|normal OP_OFFLOAD N_PREDICT
+[FLASH_ATTN (-1 auto, 0 off, 1 on) [N_UBATCH]]
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ PROMPT = "The quick brown fox jumps over the lazy dog; pack my box with five doz
 
 def main() -> None:
     path, out, n_gpu_layers, budget, op_offload, n_predict = sys.argv[1:7]
+    flash_attn = int(sys.argv[7]) if len(sys.argv) > 7 else -1
+    n_ubatch = int(sys.argv[8]) if len(sys.argv) > 8 else 512
     load = {} if budget == "normal" else {"load_mode": LoadMode.LONGHAUL, "longhaul_cache": budget}
     with Model(path, n_gpu_layers=int(n_gpu_layers), **load) as model:
-        with model.context(n_ctx=512, n_batch=512, n_ubatch=512, op_offload=op_offload == "1") as ctx:
+        with model.context(n_ctx=512, n_batch=512, n_ubatch=n_ubatch, op_offload=op_offload == "1",
+                           flash_attn_type=flash_attn) as ctx:
             prompt = model.tokenize(PROMPT)
             ctx.decode(prompt, all_logits=True)
             logits = np.stack([np.array(ctx.logits(i)) for i in range(len(prompt))])
