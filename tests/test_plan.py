@@ -186,7 +186,7 @@ def test_time_model_reproduces_its_own_run(make_model) -> None:
     assert row.prompt_tps == pytest.approx(rec.prompt.n_tokens / rec.prompt.seconds, rel=1e-9)
     all_row = predict(rec, info, rate, [info.budget_for(32)])[0]
     assert all_row.hit_lru_gen == 1.0 and all_row.mib_per_token_gen == 0 and all_row.gen_tps >= row.gen_tps
-    gm = PhaseModel.of(rec.gen)
+    gm = PhaseModel.of_generation(rec.gen)
     assert 0 <= gm.exposed <= 1 and gm.fixed_s <= rec.gen.seconds
     # every expert cached reads nothing: generation keeps the reads it did not wait on, a prompt none of them
     assert 12 / all_row.gen_tps == pytest.approx(gm.fixed_s, rel=1e-9)

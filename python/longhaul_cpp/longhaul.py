@@ -20,18 +20,25 @@ PLAIN_EXPERTS_ENV = "LLAMA_LONGHAUL_PLAIN_EXPERTS"
 
 
 @contextlib.contextmanager
-def plain_expert_banks() -> Iterator[None]:
-    """Models loaded inside keep their routed experts in the plain CPU layout (PLAIN_EXPERTS_ENV): a normal
-    load's expert banks and longhaul's slots; resident weights keep the optimized buffer types."""
-    old = os.environ.get(PLAIN_EXPERTS_ENV)
-    os.environ[PLAIN_EXPERTS_ENV] = "1"
+def library_env(env: dict[str, str]) -> Iterator[None]:
+    """These environment variables in this process while models load inside (the library reads its switches,
+    such as LLAMA_LONGHAUL_DIRECT, when a model loads); the previous values are restored afterwards."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if old is None:
-            del os.environ[PLAIN_EXPERTS_ENV]
-        else:
-            os.environ[PLAIN_EXPERTS_ENV] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def plain_expert_banks() -> contextlib.AbstractContextManager[None]:
+    """Models loaded inside keep their routed experts in the plain CPU layout (PLAIN_EXPERTS_ENV): a normal
+    load's expert banks and longhaul's slots; resident weights keep the optimized buffer types."""
+    return library_env({PLAIN_EXPERTS_ENV: "1"})
 
 
 _MAX_BYTES = 2**63  # the library takes the budget as a uint64_t; above 2^63 the tools' GiB overflow

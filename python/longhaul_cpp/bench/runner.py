@@ -1,15 +1,14 @@
 """The scenarios: each measurement is one llama-bench process, read back through its JSON."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..longhaul import gib_arg
+from ..longhaul import gib_arg, library_env
 from ..modelinfo import ModelInfo, inspect_model
 from ..tools import tool_path
 from .analysis import analyse
@@ -131,21 +130,6 @@ def sweep_env() -> dict[str, str]:
     return {} if "LLAMA_LONGHAUL_DIRECT" in os.environ else {"LLAMA_LONGHAUL_DIRECT": "1"}
 
 
-@contextlib.contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    """These environment variables in this process (the library reads them when a model loads)."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchConfig, bandwidth: float | None,
                  log: Callable[[str], None]) -> dict[int, dict[str, float | None]]:
     """The planner (longhaul_cpp.plan) on the sweep's workload (llama-bench's: a random prompt, then random
@@ -158,7 +142,7 @@ def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchCon
     if cfg.cold:
         drop_page_cache()
     budget = info.budget_for(max(1, info.n_expert_used))
-    with _environ(sweep_env()):
+    with library_env(sweep_env()):
         run = record_run(model, prompt, cfg.n_gen, budget=budget, n_threads=cfg.threads, n_ubatch=512,
                          random_gen=True)
     # a run that read nothing: every budget it predicts reads nothing either

@@ -37,7 +37,7 @@ class PhaseModel:
     exposed: float   # the share of read time the graph waited on
 
     @classmethod
-    def of(cls, p: PhaseRun) -> PhaseModel:
+    def of_generation(cls, p: PhaseRun) -> PhaseModel:
         """Generation: the reads the graph waited on cost time, the ones behind compute do not."""
         waited = min(p.wait_s, p.read_s)
         return cls(n_tokens=p.n_tokens, fixed_s=max(0.0, p.seconds - waited),
@@ -98,7 +98,7 @@ def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequen
     """One row per budget (default: every slot count from one per layer to every expert)."""
     if budgets is None:
         budgets = [info.budget_for(s) for s in range(1, info.n_expert + 1)]
-    pm, gm = PhaseModel.of_prompt(run.prompt), PhaseModel.of(run.gen)
+    pm, gm = PhaseModel.of_prompt(run.prompt), PhaseModel.of_generation(run.gen)
     n_prompt_calls = len(run.calls) - run.n_gen
 
     def prompt_model(budget: int) -> PhaseModel:
