@@ -29,6 +29,11 @@ class BenchError(RuntimeError):
     pass
 
 
+def env_text(env: dict[str, str]) -> str:
+    """Environment variables as a shell would set them: "A=1, B=2"."""
+    return ", ".join(f"{k}={v}" for k, v in env.items())
+
+
 @dataclasses.dataclass
 class BenchConfig:
     model: str = "medium"            # "medium" | "large" | a GGUF path

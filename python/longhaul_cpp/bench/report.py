@@ -8,7 +8,7 @@ from typing import Any
 
 from ..modelinfo import inspect_model
 from .analysis import analyse
-from .config import MIB
+from .config import MIB, env_text
 from .results import Run
 
 
@@ -34,7 +34,7 @@ def markdown(res: dict[str, Any]) -> str:
     if "sweep_env" in res:
         env = res["sweep_env"]
         lines += [f"The sweep's runs (and the planner's recorded run) read experts "
-                  + (f"with {', '.join(f'{k}={v}' for k, v in env.items())}: from the storage, as for a model that "
+                  + (f"with {env_text(env)}: from the storage, as for a model that "
                      "does not fit in memory." if env else
                      "as the library chose (LLAMA_LONGHAUL_DIRECT was set by the user)."), ""]
     lines += ["| scenario | load | routing | state | test | t/s | hit rate | expert MiB/token | peak RSS GiB |",

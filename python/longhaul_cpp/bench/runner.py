@@ -12,7 +12,7 @@ from ..longhaul import gib_arg, library_env
 from ..modelinfo import ModelInfo, inspect_model
 from ..tools import tool_path
 from .analysis import analyse
-from .config import BENCH_MODELS, GIB, MIB, BenchConfig, BenchError
+from .config import BENCH_MODELS, GIB, MIB, BenchConfig, BenchError, env_text
 from .disk import read_bandwidth
 from .models import bench_model
 from .process import MemoryCap, drop_page_cache, machine, run_process, warm_page_cache
@@ -220,7 +220,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
         direct = {**os.environ, **env}.get("LLAMA_LONGHAUL_DIRECT", "0") != "0"
         for routing, model in models.items():
             log(f"budget sweep, {routing} routing (steady state"
-                + (f"; {', '.join(f'{k}={v}' for k, v in env.items())})" if env else ")"))
+                + (f"; {env_text(env)})" if env else ")"))
             sweep = [(f, info.n_expert if f >= 1 else round(f * info.n_expert)) for f in cfg.fractions]
             for f, slots in sweep:
                 if slots < 1:
