@@ -186,12 +186,46 @@ def test_time_model_reproduces_its_own_run(make_model) -> None:
     assert row.prompt_tps == pytest.approx(rec.prompt.n_tokens / rec.prompt.seconds, rel=1e-9)
     all_row = predict(rec, info, rate, [info.budget_for(32)])[0]
     assert all_row.hit_lru_gen == 1.0 and all_row.mib_per_token_gen == 0 and all_row.gen_tps >= row.gen_tps
-    gm = PhaseModel.of_generation(rec.gen)
-    assert 0 <= gm.exposed <= 1 and gm.fixed_s <= rec.gen.seconds
-    # every expert cached reads nothing: generation keeps the reads it did not wait on, a prompt none of them
+    gm = PhaseModel.of_generation(rec.gen, rec.hit_s)
+    assert 0 <= gm.exposed <= 1 and gm.fixed_s <= rec.gen.seconds and gm.per_miss_s >= 0
+    # every expert cached misses nothing: generation costs its tokens decoded again with their experts cached
+    # (a prompt its time without any of its reads)
+    assert rec.hit_s is not None and rec.hit_s > 0 and rec.gen.n_misses > 0
+    rest = rec.gen.seconds - min(rec.gen.wait_s, rec.gen.read_s)
+    assert gm.fixed_s == pytest.approx(min(rest, 12 * rec.hit_s), rel=1e-9)
     assert 12 / all_row.gen_tps == pytest.approx(gm.fixed_s, rel=1e-9)
+    # each miss then costs the rest of the run's time, so the run's own budget still gives the run's time
+    assert gm.fixed_s + gm.per_miss_s * rec.gen.n_misses == pytest.approx(rest, rel=1e-9)
+    assert PhaseModel.of_generation(rec.gen).per_miss_s == 0  # no hit timing: the run's time at every budget
     assert 48 / all_row.prompt_tps == pytest.approx(rec.prompt.seconds - rec.prompt.read_s, rel=1e-9)
     assert rec.prompt.read_s > 0 and all_row.prompt_tps > row.prompt_tps
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])  # a KV cache; a recurrent state besides it
+def test_hit_timing_reads_nothing_and_needs_every_expert_of_a_token(make_model, arch) -> None:
+    """The hit timing decodes the last token again from the state before it: the same logits, nothing read, and
+    the routing recorded is the run's (the replay check holds); below one slot per selected expert a token runs
+    in stages and reads, so there is no hit timing and the planner keeps the run's time at every budget."""
+    path = _model(make_model, dataclasses.replace(SPEC, arch=arch))
+    info, rec = _run(path, 4)
+    assert rec.hit_s is not None and rec.hit_s > 0
+    assert {il: int(m.sum()) for il, m in replay(rec, info, rec.budget).lru.items()} == rec.misses
+    toks = _prompt(8)
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{info.budget_for(4)}B") as m, \
+            m.context(n_ctx=64, n_threads=2) as ctx:
+        ctx.decode(toks[:-1])
+        state = ctx.state_get()
+        ctx.decode(toks[-1:])  # one token: its experts fill the slots
+        logits = ctx.logits().copy()
+        before = m.longhaul_stats().total
+        assert plan_record.time_hits(ctx, m, state, int(toks[-1]), 5) is not None
+        after = m.longhaul_stats().total
+        assert after.n_misses == before.n_misses and after.bytes_read == before.bytes_read
+        assert after.n_hits > before.n_hits and ctx.n_past == 8
+        np.testing.assert_array_equal(ctx.logits(), logits)
+    _, staged = _run(path, 2)
+    assert staged.hit_s is None
+    assert PhaseModel.of_generation(staged.gen, staged.hit_s).per_miss_s == 0
 
 
 def test_knee() -> None:
@@ -236,6 +270,7 @@ def test_plan_command(make_model, tmp_path) -> None:
     doc = json.loads(out.read_text())
     assert [b["n_slots"] for b in doc["budgets"]] == list(range(1, 33))
     assert doc["bandwidth_bytes_per_s"] == 100 * 2**20
+    assert doc["hit_s_per_token"] > 0 and "every expert it selects cached: " in r.stdout
     hits = [b["hit_lru_gen"] for b in doc["budgets"]]
     assert hits[-1] == 1.0 and all(b["hit_opt_gen"] >= b["hit_lru_gen"] for b in doc["budgets"])
     r = _cli("plan", str(path), "-p", "16", "-n", "4", "--bandwidth", "run", "--all")

@@ -77,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
         if ph.n_tokens:
             print(f"run at {size_text(r.budget)}: {name} {ph.n_tokens} tokens in {ph.seconds:.2f} s, waited "
                   f"{ph.wait_s:.2f} s of {ph.read_s:.2f} s of reads, {ph.bytes_read / MIB:.1f} MiB read")
+    if r.n_gen:
+        print(f"a generated token with every expert it selects cached: "
+              + (f"{r.hit_s * 1e3:.1f} ms" if r.hit_s is not None else
+                 "not measured (fewer slots than a token selects: every budget is predicted at the run's cost "
+                 "per token)"))
     print(f"disk bandwidth {p.bandwidth / MIB:.0f} MiB/s ({p.bandwidth_source})")
     replayed = sum(a for a, _ in p.check.values())
     measured = sum(b for _, b in p.check.values())
@@ -94,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
               "experts); the budget buys speed in proportion up to every expert")
     if args.json:
         to_json(p.rows, p.knee, {"model": str(info.path), "bandwidth_bytes_per_s": p.bandwidth,
-                                 "record_budget": r.budget, "n_prompt": r.n_prompt, "n_gen": r.n_gen}, Path(args.json))
+                                 "record_budget": r.budget, "n_prompt": r.n_prompt, "n_gen": r.n_gen,
+                                 "hit_s_per_token": r.hit_s}, Path(args.json))
         print(f"wrote {args.json}")
     if args.plot:
         title = f"{info.path.name}: {r.n_prompt} prompt + {r.n_gen} generated tokens"

@@ -2,18 +2,22 @@
 
 A phase (the prompt, or the generated tokens) of the recorded run took `seconds`, of which the graph waited
 `wait_s` at the synchronizations while the expert reads took `read_s` (the rest of the read time ran behind
-compute). At another budget the same tokens compute alike and read other bytes, so for generation
+compute). At another budget the same tokens compute alike and miss and read otherwise, so for generation
 
-    time(budget) = (seconds - min(wait_s, read_s)) + exposed * bytes(budget) / bandwidth,
+    time(budget) = hits + per_miss * misses(budget) + exposed * bytes(budget) / bandwidth,
     exposed      = min(wait_s, read_s) / read_s        (1 when the run read nothing)
+    hits         = n_tokens * hit_s                    (the run's tokens decoded again with every expert cached)
+    per_miss     = (seconds - min(wait_s, read_s) - hits) / the run's misses
 
-and for a prompt, whose reads run behind its expert waves' matmuls but take the cores from them (copies and
-conversions into the slots: measured, a prompt takes its compute plus all of its read time)
+(a miss costs more than its exposed read: the slot's copy and conversion take the cores, and the layer runs a
+second pass), and for a prompt, whose reads run behind its expert waves' matmuls but take the cores from them
+(measured, a prompt takes its compute plus all of its read time)
 
     time(budget) = (seconds - read_s) + bytes(budget) / bandwidth,
 
-where bytes(budget) comes from replaying the routing through the library's LRU at that budget (steady state:
-the run repeated, the second repetition counted) and bandwidth is the disk's for expert-sized random reads.
+where misses and bytes come from replaying the routing through the library's LRU at that budget (steady
+state: the run repeated, the second repetition counted) and bandwidth is the disk's for expert-sized random
+reads.
 """
 from __future__ import annotations
 
@@ -33,25 +37,32 @@ GIB = 1024**3
 @dataclasses.dataclass(frozen=True)
 class PhaseModel:
     n_tokens: int
-    fixed_s: float   # the phase's time less the reads it waited on
-    exposed: float   # the share of read time the graph waited on
+    fixed_s: float     # the phase's time without any miss
+    per_miss_s: float  # what each miss costs besides its exposed read time (writing the slot, the second pass)
+    exposed: float     # the share of read time the graph waited on
 
     @classmethod
-    def of_generation(cls, p: PhaseRun) -> PhaseModel:
-        """Generation: the reads the graph waited on cost time, the ones behind compute do not."""
+    def of_generation(cls, p: PhaseRun, hit_s: float | None = None) -> PhaseModel:
+        """Generation: the reads the graph waited on cost time, the ones behind compute do not. With the time
+        of a token whose experts are all cached (hit_s), the rest of the run's time is split into that and a
+        cost per miss; without it the run's time less its waits counts at every budget."""
         waited = min(p.wait_s, p.read_s)
-        return cls(n_tokens=p.n_tokens, fixed_s=max(0.0, p.seconds - waited),
-                   exposed=waited / p.read_s if p.read_s > 0 else 1.0)
+        exposed = waited / p.read_s if p.read_s > 0 else 1.0
+        rest = max(0.0, p.seconds - waited)
+        if hit_s is None or p.n_misses == 0:
+            return cls(n_tokens=p.n_tokens, fixed_s=rest, per_miss_s=0.0, exposed=exposed)
+        fixed = min(rest, p.n_tokens * hit_s)
+        return cls(n_tokens=p.n_tokens, fixed_s=fixed, per_miss_s=(rest - fixed) / p.n_misses, exposed=exposed)
 
     @classmethod
     def of_prompt(cls, p: PhaseRun) -> PhaseModel:
         """A prompt: all of its read time costs time, waited on or not."""
-        return cls(n_tokens=p.n_tokens, fixed_s=max(0.0, p.seconds - p.read_s), exposed=1.0)
+        return cls(n_tokens=p.n_tokens, fixed_s=max(0.0, p.seconds - p.read_s), per_miss_s=0.0, exposed=1.0)
 
-    def tokens_per_s(self, bytes_read: float, bandwidth: float) -> float | None:
+    def tokens_per_s(self, misses: int, bytes_read: float, bandwidth: float) -> float | None:
         if self.n_tokens == 0:
             return None
-        return self.n_tokens / (self.fixed_s + self.exposed * bytes_read / bandwidth)
+        return self.n_tokens / (self.fixed_s + self.per_miss_s * misses + self.exposed * bytes_read / bandwidth)
 
 
 @dataclasses.dataclass
@@ -98,12 +109,13 @@ def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequen
     """One row per budget (default: every slot count from one per layer to every expert)."""
     if budgets is None:
         budgets = [info.budget_for(s) for s in range(1, info.n_expert + 1)]
-    pm, gm = PhaseModel.of_prompt(run.prompt), PhaseModel.of_generation(run.gen)
+    pm, gm = PhaseModel.of_prompt(run.prompt), PhaseModel.of_generation(run.gen, run.hit_s)
     n_prompt_calls = len(run.calls) - run.n_gen
 
     def prompt_model(budget: int) -> PhaseModel:
         """The prompt at `budget`; token by token (a token's experts need stages) it computes like generation."""
         if info.effective_ubatch(budget, run.n_ubatch) == 1 and run.n_ubatch > 1 and run.n_gen:
+            # each miss costs what it costs in generation; the replay gives the prompt's misses
             return dataclasses.replace(gm, n_tokens=run.n_prompt, fixed_s=gm.fixed_s / run.n_gen * run.n_prompt)
         return pm
 
@@ -130,9 +142,9 @@ def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequen
             hit_lru_gen=hit(g_miss, True) if run.n_gen else None,
             hit_opt_gen=hit(o_miss, True) if run.n_gen else None,
             mib_per_token_gen=per_tok(g_bytes), mib_per_token_gen_opt=per_tok(o_bytes),
-            prompt_tps=prompt_model(budget).tokens_per_s(pm_bytes, bandwidth),
-            gen_tps=gm.tokens_per_s(g_bytes, bandwidth),
-            gen_tps_opt=gm.tokens_per_s(o_bytes, bandwidth)))
+            prompt_tps=prompt_model(budget).tokens_per_s(pm_miss, pm_bytes, bandwidth),
+            gen_tps=gm.tokens_per_s(g_miss, g_bytes, bandwidth),
+            gen_tps_opt=gm.tokens_per_s(o_miss, o_bytes, bandwidth)))
     return rows
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..context import Context
 from ..longhaul import LayerStats
 from ..model import LoadMode, Model
 from ..routing import DEFAULT_MAX_IDS, Routing
@@ -41,6 +42,7 @@ class RecordedRun:
     prompt: PhaseRun
     gen: PhaseRun
     misses: dict[int, int]  # per routed layer, of the recorded repetition (to check the replay against)
+    hit_s: float | None = None  # seconds per token of a decode whose experts are all cached (None: not measured)
 
     def layer_calls(self, il: int) -> list[int]:
         """The tokens layer il ran in each call: all of them, or for the last layer (which runs only the tokens
@@ -68,6 +70,25 @@ def faster(a: PhaseRun | None, b: PhaseRun) -> PhaseRun:
     return b if a is None or b.seconds < a.seconds else a
 
 
+def time_hits(ctx: Context, model: Model, state: bytes, token: int, n: int) -> float | None:
+    """Seconds per token of decoding `token` from the context state `state` (Context.state_get: the KV cache and
+    any recurrent state), n times after once untimed. The same input routes to the same experts, which the
+    previous decode left in the slots, so every layer hits and nothing is read: compute and the synchronization
+    alone. The state is restored before each decode, untimed. None when a timed decode missed (fewer slots than a
+    token selects: it runs in stages and reads)."""
+    seconds = 0.0
+    s0 = model.longhaul_stats().total
+    for i in range(n + 1):
+        ctx.state_set(state)
+        if i == 1:
+            s0 = model.longhaul_stats().total
+        t0 = time.perf_counter()
+        ctx.decode([token])
+        if i:
+            seconds += time.perf_counter() - t0
+    return seconds / n if model.longhaul_stats().total.n_misses == s0.n_misses else None
+
+
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
                random_gen: bool = False, timed: int = 2) -> RecordedRun:
@@ -86,6 +107,8 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
         outputs[len(calls) - n_gen - 1] = 1  # Context.decode wants the last token's logits
     prompt_run: PhaseRun | None = None
     gen_run: PhaseRun | None = None
+    hits: list[float | None] = []
+    state, last = b"", 0
     with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as model, \
             model.context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                           n_threads_batch=n_threads) as ctx:
@@ -103,21 +126,31 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
                 next_tok = pick()
             t1 = time.perf_counter()
             s1 = model.longhaul_stats()
-            for _ in range(n_gen):
+            t_state = 0.0
+            for i in range(n_gen):
+                if i == n_gen - 1:  # the hit timing below decodes the last token again from here (not timed)
+                    ts = time.perf_counter()
+                    state, last = ctx.state_get(), next_tok
+                    t_state = time.perf_counter() - ts
                 ctx.decode([next_tok])
                 next_tok = pick()
-            t2 = time.perf_counter()
+            t2 = time.perf_counter() - t_state
             s2 = model.longhaul_stats()
-            if rep == 0:
-                continue
             if rep == 1:
                 routing = model.routing()
                 model.record_routing(0)
                 misses = {b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)}
+            # in every repetition, so that each starts alike (re-touching the experts the last decode used
+            # changes no slot's LRU order anyway: the replay check would see it)
+            hit = time_hits(ctx, model, state, last, max(8, n_gen)) if n_gen else None
+            if rep == 0:
+                continue
+            hits.append(hit)
             prompt_run = faster(prompt_run, PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total))
             gen_run = faster(gen_run, PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total))
     assert prompt_run is not None and gen_run is not None
     routing.check_complete(sum(calls), sum(outputs))
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,
                        n_ubatch=n_ubatch,
-                       prompt=prompt_run, gen=gen_run, misses=misses)
+                       prompt=prompt_run, gen=gen_run, misses=misses,
+                       hit_s=None if None in hits else min(hits))
