@@ -80,6 +80,17 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     planner = [t for t in res["analysis"]["targets"] if t["target"].startswith("sweep: the planner")][0]
     assert planner["measured"] == pytest.approx(max(abs(x["predicted_tokens_per_s"] / x["tokens_per_s"] - 1)
                                                     for x in sweep), rel=1e-6)
+    # peak RSS is judged against resident weights, budget, the normal load's KV and buffers, and for longhaul the
+    # library's read and staging buffers (outside the budget): the limit of a longhaul run exceeds a normal one's
+    # by exactly those
+    assert res["model"]["io_bytes"] >= 4 * 2**20
+    rss = res["analysis"]["peak_rss"]
+    resident = res["model"]["file_gib"] - res["model"]["routed_gib"]
+    plain = [x for x in runs if x["layout"] == "plain" and x["scenario"] == "resident"]
+    extra = max(x["peak_rss_gib"] - res["model"]["file_gib"] for x in plain)
+    for row, x in zip(rss, lh):
+        want = (resident + x["budget_bytes"] / 2**30 + max(extra, 0) + res["model"]["io_bytes"] / 2**30) * 1.05
+        assert row["limit_gib"] == pytest.approx(want, rel=1e-9)
     md = (out / "results.md").read_text()
     assert "| sweep | longhaul 0.25 of experts |" in md and "| target |" in md
     assert "The planner (`longhaul-cpp plan`" in md

@@ -25,7 +25,7 @@ def ratio(a: Run | None, b: Run | None) -> float | None:
     return a.tokens_per_s / b.tokens_per_s
 
 
-def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None) -> dict[str, Any]:
+def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None, io_bytes: int = 0) -> dict[str, Any]:
     """The issue's targets as measured ratios, and where the time of each longhaul run goes."""
     a: dict[str, Any] = {"targets": []}
     targets = a["targets"]
@@ -109,8 +109,9 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None) -> di
                f"measured {worst_p['tokens_per_s']:.2f} t/s")
         targets[-1]["met"] = abs(worst_p["predicted_error"]) <= 0.15
 
-    # peak RSS against resident weights + budget + KV (+5 %); KV and compute buffers are taken
-    # from the normal plain load's peak over its weights (the same context)
+    # peak RSS against resident weights + budget + KV and buffers (+5 %); KV and compute buffers are taken
+    # from the normal plain load's peak over its weights (the same context), longhaul's read and staging
+    # buffers (io_bytes, outside the budget by the spec) from the library (llama_longhaul_fit_cache)
     resident = info.file_bytes - info.routed_bytes
     plain = [r for r in runs if r.scenario == "resident" and r.load == "normal" and r.layout == "plain" and r.ok]
     extra = max((r.peak_rss_gib * GIB - info.file_bytes for r in plain), default=0.0)
@@ -119,13 +120,13 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None) -> di
         if r.budget_bytes is None or not r.ok or r.peak_rss_gib is None or r.cap_gib is not None:
             continue
         budget = min(r.budget_bytes, info.routed_bytes)
-        limit = (resident + budget + max(extra, 0.0)) * 1.05
+        limit = (resident + budget + max(extra, 0.0) + (io_bytes if r.load == "longhaul" else 0)) * 1.05
         rss.append({"label": r.label, "routing": r.routing, "test": r.test, "peak_rss_gib": r.peak_rss_gib,
                     "limit_gib": limit / GIB, "ratio": r.peak_rss_gib * GIB / limit})
     a["peak_rss"] = rss
     if rss:
         worst_rss = max(rss, key=lambda x: x["ratio"])
-        target("peak RSS / (resident + budget + KV and buffers) * 1.05 (worst; goal <= 1)",
+        target("peak RSS / (resident + budget + KV and buffers + read buffers) * 1.05 (worst; goal <= 1)",
                worst_rss["ratio"], 1.0, f"{worst_rss['label']} {worst_rss['test']}")
         targets[-1]["met"] = worst_rss["ratio"] <= 1.0
     return a

@@ -157,6 +157,6 @@ def rewrite_reports(out: Path) -> list[Path]:
     data = json.loads((out / "results.json").read_text())
     runs = [Run.from_dict(r) for r in data["runs"]]
     info = inspect_model(Path(data["model"]["path"]))
-    data["analysis"] = analyse(runs, info, data.get("read_bandwidth"))
+    data["analysis"] = analyse(runs, info, data.get("read_bandwidth"), data["model"].get("io_bytes", 0))
     data["runs"] = runs
     return write_reports(data, out)

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._lib import LlamaError
 from ..longhaul import gib_arg, library_env
+from ..model import fit_longhaul_cache
 from ..modelinfo import ModelInfo, inspect_model
 from ..tools import tool_path
 from .analysis import analyse
@@ -116,9 +118,14 @@ def _models(cfg: BenchConfig, progress: Callable[[str], Callable[[int, int], Non
 
 def _model_record(path: Path, info: ModelInfo) -> dict[str, Any]:
     resident = info.file_bytes - info.routed_bytes
+    try:  # the read and staging buffers longhaul keeps outside the budget, as the library counts them
+        io_bytes = fit_longhaul_cache(path).io
+    except LlamaError:  # no budget fits this machine: the runs will say why
+        io_bytes = 0
     return {"path": str(path), "file_gib": info.file_bytes / GIB, "routed_gib": info.routed_bytes / GIB,
             "resident_gib": resident / GIB, "n_expert": info.n_expert, "n_expert_used": info.n_expert_used,
-            "expert_bytes": max(info.expert_bytes.values()), "n_moe_layers": len(info.expert_bytes)}
+            "expert_bytes": max(info.expert_bytes.values()), "n_moe_layers": len(info.expert_bytes),
+            "io_bytes": io_bytes}
 
 
 def sweep_env() -> dict[str, str]:
@@ -237,5 +244,5 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
                 for r in got:
                     r.predicted_tokens_per_s = predicted[budget].get(r.kind)
                 runs += got
-    res["analysis"] = analyse(runs, info, bw)
+    res["analysis"] = analyse(runs, info, bw, res["model"]["io_bytes"])
     return res
