@@ -133,7 +133,8 @@ def plot(res: dict[str, Any], path: Path) -> bool:
         ax.set_title(f"{'prompt' if test == 'pp' else 'generation'} ({res['config']['n_prompt' if test == 'pp' else 'n_gen']}"
                      " tokens)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # no sweep (e.g. only the cap scenario): nothing to label
+            ax.legend(fontsize=7)
     fig.suptitle(f"longhaul-cpp bench: {Path(res['model']['path']).name}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
