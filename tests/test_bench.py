@@ -121,6 +121,10 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     assert any(x["expert_gib_read"] and x["expert_gib_read"] > 0 for x in cold)
     ttft = res["analysis"]["ttft_cold"]
     assert {t["load"] for t in ttft} == {"mmap", "longhaul"} and all(t["seconds"] > 0 for t in ttft)
+    # no sweep: the plot has nothing to put in a legend, and says nothing about it (a warning is an error here)
+    r = run([BENCH[0], "-W", "error::UserWarning"] + BENCH[1:] + ["--report", str(out)], text=True)
+    assert r.returncode == 0 and "UserWarning" not in r.stderr, r.stderr[-3000:]
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping the page cache needs root")

@@ -76,16 +76,15 @@ def time_hits(ctx: Context, model: Model, state: bytes, token: int, n: int) -> f
     previous decode left in the slots, so every layer hits and nothing is read: compute and the synchronization
     alone. The state is restored before each decode, untimed. None when a timed decode missed (fewer slots than a
     token selects: it runs in stages and reads)."""
-    seconds = 0.0
+    ctx.state_set(state)
+    ctx.decode([token])
     s0 = model.longhaul_stats().total
-    for i in range(n + 1):
+    seconds = 0.0
+    for _ in range(n):
         ctx.state_set(state)
-        if i == 1:
-            s0 = model.longhaul_stats().total
         t0 = time.perf_counter()
         ctx.decode([token])
-        if i:
-            seconds += time.perf_counter() - t0
+        seconds += time.perf_counter() - t0
     return seconds / n if model.longhaul_stats().total.n_misses == s0.n_misses else None
 
 
