@@ -154,9 +154,9 @@ def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchCon
                          random_gen=True)
     # a run that read nothing: every budget it predicts reads nothing either
     rate = bandwidth or max(run.read_rate, 1.0)
+    source = "the probe's" if bandwidth else "its reads'"
     log(f"  planner: recorded {run.n_prompt} + {run.n_gen} tokens at {run.budget / GIB:.2f} GiB (its reads "
-        f"{run.read_rate / MIB:.0f} MiB/s), predicting with {'the probe' if bandwidth else 'its reads'}' "
-        f"{rate / MIB:.0f} MiB/s")
+        f"{run.read_rate / MIB:.0f} MiB/s), predicting with {source} {rate / MIB:.0f} MiB/s")
     rows = predict(run, info, rate, budgets)
     return {r.budget: {"pp": r.prompt_tps, "tg": r.gen_tps} for r in rows}
 
