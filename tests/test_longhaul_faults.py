@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run, upstream_bin_dir
 from longhaul_cpp import LlamaError, LoadMode, Model
-from longhaul_cpp.longhaul import SUPPORTED_ARCHS
+from longhaul_cpp.synthetic import ARCHS
 from test_longhaul import N_GEN, PROMPT, budget_for, run_greedy, spec_of
 
 HYBRID = {"qwen35moe", "inkling"}  # recurrent state beside the KV cache
@@ -31,7 +31,7 @@ def _restore(paths, tmp_path) -> None:
         shutil.copy(p, tmp_path / p.name)  # same inodes: the open shards read the full files again
 
 
-@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_failed_decode_leaves_nothing_silently_wrong(make_model, tmp_path, arch) -> None:
     """The expert shards are cut after the prompt, so a generation step fails; they are then restored.
     Attention-only archs continue the same sequence exactly as a clean run; hybrid archs refuse it
@@ -76,7 +76,7 @@ BIN = upstream_bin_dir()
 
 
 @pytest.mark.skipif(BIN is None, reason="upstream tests not built (LONGHAUL_UPSTREAM_TESTS=ON)")
-@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_gpu_backend_does_not_take_the_expert_ops(make_model, arch) -> None:
     """tests/test-longhaul-offload.cpp (in the series) registers a fake GPU device that computes on the CPU
     and asks for MUL_MAT_ID from 32 tokens on, as Metal does. A 64-token prompt in expert waves with CPU

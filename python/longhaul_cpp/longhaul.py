@@ -8,10 +8,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-# The architectures the longhaul load mode supports (the library's llama_longhaul::supported_archs; the
-# synthetic-model generator makes each of them)
-SUPPORTED_ARCHS = ("qwen35moe", "laguna", "inkling", "qwen3moe")
-
 # A normal load with this environment variable set keeps the routed expert banks in the plain CPU
 # layout, as longhaul's slots hold them, and every other weight in the optimized (repacked) buffer
 # types as usual: it runs exactly longhaul's kernels, the exact reference for its output on any CPU.

@@ -17,7 +17,6 @@ import dataclasses
 import re
 from pathlib import Path
 
-from .longhaul import SUPPORTED_ARCHS
 from .paths import shard_list
 
 _BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.(weight|bias)$")
@@ -60,7 +59,9 @@ class ModelInfo:
 
     @property
     def supported(self) -> bool:
-        return self.arch in SUPPORTED_ARCHS and bool(self.expert_bytes)
+        """Has routed expert banks to stream (the library takes any architecture that runs them through
+        build_moe_ffn, and refuses the others when the context is created)."""
+        return bool(self.expert_bytes)
 
     @property
     def routed_bytes(self) -> int:

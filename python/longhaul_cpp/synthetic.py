@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .longhaul import SUPPORTED_ARCHS
 from .synthetic_vocab import INKLING_N_VOCAB
 
-ARCHS = SUPPORTED_ARCHS  # every arch longhaul supports
+# the architectures the generator writes (longhaul itself runs any architecture whose routed experts go through
+# upstream's build_moe_ffn: the library decides from the model, see docs/longhaul.md)
+ARCHS = ("qwen35moe", "laguna", "inkling", "qwen3moe")
 TYPES = ("f32", "f16", "q8_0", "q4_0")
 VOCABS = ("bytes", "inkling", "inkling-fallback")  # see synthetic_vocab
 

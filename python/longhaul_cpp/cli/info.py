@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..longhaul import SUPPORTED_ARCHS, gib_arg, is_auto_budget, parse_cache_size
+from ..longhaul import gib_arg, is_auto_budget, parse_cache_size
 from ..model import fit_longhaul_cache
 from ..modelinfo import inspect_model
 
@@ -33,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
               f"{info.routed_bytes / 2**30:.3f} GiB of routed experts")
         print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {gib_arg(info.min_budget)})")
     if not info.supported:
-        why = "no routed expert tensors" if not info.expert_bytes else f"architecture '{info.arch}'"
-        print(f"longhaul:       not supported ({why}); supported: {', '.join(SUPPORTED_ARCHS)}")
+        print("longhaul:       not supported (no routed expert tensors to stream): load the model without longhaul")
         return 1
     print("longhaul:       supported")
     if args.longhaul_cache is not None:
