@@ -4,8 +4,9 @@ Upstream's `test-llama-archs -o DIR` writes a random model of each architecture 
 (`*-moe.gguf`: F32, a 128-token test vocabulary, the architecture's own tensors from its loader: shared experts,
 biases, selection biases, leading dense layers, interleaved MoE, MLA, ...); `-e 32,4` (series patch 0018) gives
 them 32 experts and top-4. A longhaul load must give the normal load's token ids and logits (every prompt position,
-then the decoded ones) bit for bit at the same ubatch, at every expert cached, 2k, k, k-1 and one slot per layer
-(one pass, expert waves, stages), or be refused with the library's reason. The list is upstream's, read from what the binary writes and logs: a MoE
+then the decoded ones) bit for bit at the same ubatch, at every expert cached, 2k (also with the cross-layer
+prefetch on), k, k-1 and one slot per layer (one pass, expert waves, stages), or be refused with the library's
+reason. The list is upstream's, read from what the binary writes and logs: a MoE
 architecture upstream adds is tested here without a change, and one it lists but cannot write fails this test
 until it is named below with the reason.
 """
@@ -21,6 +22,7 @@ import pytest
 
 from conftest import run, upstream_bin_dir
 from longhaul_cpp import LlamaError, LoadMode, Model
+from longhaul_cpp.longhaul import library_env
 from longhaul_cpp.modelinfo import inspect_model
 
 BIN = upstream_bin_dir()
@@ -86,30 +88,36 @@ def test_every_moe_arch(tmp_path) -> None:
     """One test over every architecture (a parametrization by name would hide a new one behind collection)."""
     failures: list[str] = []
     ran, refused = [], []
+    prefetched: dict[str, int] = {}  # the cross-layer prefetch (opt-in): bytes it read ahead, per arch
     for arch in written()[0]:
         path = wide_model(arch, tmp_path)
         try:
-            failures += check_arch(arch, path, ran, refused)
+            failures += check_arch(arch, path, ran, refused, prefetched)
         finally:
             path.unlink()
     assert not failures, "\n".join(failures)
     # at the pin: 2 fixtures without a MoE layer (ernie4_5, paddleocr) refused at every budget, the 2 diffusion models
     # below k slots
-    assert len(refused) <= 2 * 5 + 2 * 2, refused
-    assert len(ran) + len(refused) == 5 * len(written()[0])
+    assert len(refused) <= 2 * 6 + 2 * 2, refused
+    assert len(ran) + len(refused) == 6 * len(written()[0])
+    # the prefetch ran wherever a decode has a next routed layer to guess for (2 or more routed layers)
+    assert sum(1 for b in prefetched.values() if b > 0) >= 20, prefetched
 
 
-def check_arch(arch: str, path: Path, ran: list[str], refused: list[str]) -> list[str]:
+def check_arch(arch: str, path: Path, ran: list[str], refused: list[str], prefetched: dict[str, int]) -> list[str]:
     info = inspect_model(path)
     failures: list[str] = []
     normal: dict[int, tuple[list[int], np.ndarray]] = {}
     k = info.n_expert_used
-    for name, n_slots in (("all", info.n_expert), ("2k", 2 * k), ("k", k), ("k-1", k - 1), ("1", 1)):
+    for name, n_slots in (("all", info.n_expert), ("2k", 2 * k), ("2k prefetch", 2 * k), ("k", k), ("k-1", k - 1),
+                          ("1", 1)):
         what = f"{arch} at {name} ({n_slots} slots)"
         expected = NO_BANKS if not info.expert_bytes else NON_CAUSAL if n_slots < k else None
         budget = info.budget_for(n_slots) or 2**20
+        env = {"LLAMA_LONGHAUL_PREFETCH": "1" if name.endswith("prefetch") else "0"}
         try:
-            ids, logits, eff, st = greedy(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B")
+            with library_env(env):
+                ids, logits, eff, st = greedy(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B")
         except LlamaError as e:
             (refused if expected and re.search(expected, str(e)) else failures).append(f"{what}: {e}")
             continue
@@ -126,6 +134,8 @@ def check_arch(arch: str, path: Path, ran: list[str], refused: list[str]) -> lis
             diff = float(np.max(np.abs(logits - ref_logits)))
             failures.append(f"{what}: differs from the normal load (ids equal: {ids == ref_ids}, max |dlogit| {diff})")
         ran.append(what)
+        if name.endswith("prefetch"):
+            prefetched[arch] = st.total.bytes_prefetched
     return failures
 
 

@@ -7,7 +7,9 @@ synthetic model (qwen3moe, 16 experts, top-4, rows of 256 so that every K- and I
 - The tools' default path (the memory-fit pass on): llama-completion gives the default load's text at every slot
   count for the types the CPU repacks (one slot per layer aborted in the fit pass before series patch 0019).
 
-IQ1/IQ2 types need an importance matrix and are not made here (issue 33 lists them).
+The IQ1/IQ2/IQ3 types are made with a synthetic importance matrix (`longhaul_cpp.synthetic_imatrix`), and the
+mixes with `--tensor-type`: an Unsloth-style dynamic file (routed gate/up IQ1_S, one layer IQ2_XXS, down IQ3_XXS
+with one layer IQ4_XS, attention Q5_K) and Q5_K_M with BF16 up banks.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 from longhaul_cpp import LoadMode, Model, SyntheticSpec, tool_path
 from longhaul_cpp.longhaul import gib_arg
 from longhaul_cpp.modelinfo import inspect_model
+from longhaul_cpp.synthetic_imatrix import write_imatrix
 
 from conftest import run
 
@@ -29,6 +32,14 @@ SPEC = SyntheticSpec(arch="qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv
 # llama-quantize file types: uniform types, the usual mixes (Q4_K_M: Q4_K with Q6_K for some matrices), MXFP4 experts
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS",
          "MXFP4_MOE", "TQ1_0", "TQ2_0", "F16", "BF16"]
+# name -> (file type, --tensor-type overrides (first match wins)); these need the importance matrix
+IMATRIX_TYPES = {
+    "IQ1_S": ("IQ1_S", ()), "IQ1_M": ("IQ1_M", ()), "IQ2_XXS": ("IQ2_XXS", ()), "IQ2_XS": ("IQ2_XS", ()),
+    "IQ2_S": ("IQ2_XS", ("ffn_.*_exps=iq2_s",)), "IQ3_XXS": ("IQ3_XXS", ()), "IQ3_S": ("IQ3_S", ()),
+    "UD-IQ1_S": ("IQ1_S", (r"blk\.0\.ffn_(gate|up)_exps=iq2_xxs", "ffn_(gate|up)_exps=iq1_s",
+                           r"blk\.1\.ffn_down_exps=iq4_xs", "ffn_down_exps=iq3_xxs", "attn_=q5_k")),
+}
+MIXES = {"Q5_K_M-BF16-up": ("Q5_K_M", ("ffn_up_exps=bf16",))}
 REPACKED = ["Q4_0", "Q4_K_M", "IQ4_NL", "MXFP4_MOE"]  # types the CPU repacks (on x86 with AVX2 and ARM)
 N_PROMPT, N_GEN = 40, 8
 
@@ -41,12 +52,25 @@ def f32_model(make_model) -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def quantized(src: Path, ftype: str) -> Path:
-    out = src.with_name(f"{src.stem}-{ftype}.gguf")
+def quantized(src: Path, name: str) -> Path:
+    """`src` in the file type (or variant) `name`, by the shipped llama-quantize; F32 is `src` itself."""
+    if name == "F32":
+        return src
+    ftype, overrides = IMATRIX_TYPES.get(name) or MIXES.get(name) or (name, ())
+    out = src.with_name(f"{src.stem}-{name}.gguf")
     if not out.exists():
-        r = run([str(tool_path("llama-quantize")), str(src), str(out), ftype], timeout=300, text=True)
+        args = [a for o in overrides for a in ("--tensor-type", o)]
+        if name in IMATRIX_TYPES:
+            args += ["--imatrix", str(write_imatrix(src, src.with_name(f"{src.stem}.imatrix.gguf")))]
+        r = run([str(tool_path("llama-quantize")), *args, str(src), str(out), ftype], timeout=600, text=True)
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     return out
+
+
+def bank_types(path: Path) -> dict[str, str]:
+    import gguf
+
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors if "_exps." in t.name}
 
 
 def budgets(path: Path) -> dict[str, int]:
@@ -70,11 +94,20 @@ def logits_run(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, 
     return ids, np.stack(rows), eff
 
 
-@pytest.mark.parametrize("ftype", TYPES)
+def test_mixes_are_what_they_claim(f32_model) -> None:
+    ud = bank_types(quantized(f32_model, "UD-IQ1_S"))
+    assert ud["blk.0.ffn_gate_exps.weight"] == "IQ2_XXS" and ud["blk.1.ffn_up_exps.weight"] == "IQ1_S"
+    assert ud["blk.1.ffn_down_exps.weight"] == "IQ4_XS" and ud["blk.2.ffn_down_exps.weight"] == "IQ3_XXS"
+    assert set(bank_types(quantized(f32_model, "IQ2_S")).values()) == {"IQ2_S"}
+    mix = bank_types(quantized(f32_model, "Q5_K_M-BF16-up"))
+    assert mix["blk.0.ffn_up_exps.weight"] == "BF16" and mix["blk.0.ffn_gate_exps.weight"] == "Q5_K"
+
+
+@pytest.mark.parametrize("ftype", TYPES + list(IMATRIX_TYPES) + list(MIXES) + ["F32"])
 def test_type_equals_default_load(f32_model, ftype) -> None:
     path = quantized(f32_model, ftype)
     info = inspect_model(path)
-    assert info.expert_types != ["F32"], info.expert_types  # the experts were converted
+    assert (info.expert_types == ["F32"]) == (ftype == "F32"), info.expert_types
     normal: dict[int, tuple[list[int], np.ndarray]] = {}
     for name, budget in budgets(path).items():
         ids, logits, eff = logits_run(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B")
