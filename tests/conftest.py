@@ -70,3 +70,18 @@ def make_model(model_dir: Path) -> ModelFactory:
 
 def run(cmd: list[str], timeout: float = 600, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, timeout=timeout, **kw)
+
+
+def logits_and_greedy(ctx, prompt, n_gen: int):
+    """Decode `prompt` keeping every position's logits (so the last layer runs every row: its waves too), then
+    `n_gen` greedy tokens; returns (generated ids, logits rows: the prompt's, then each generated token's)."""
+    import numpy as np
+
+    ctx.decode(prompt, all_logits=True)
+    rows = [ctx.logits(i).copy() for i in range(len(prompt))]
+    ids: list[int] = []
+    for _ in range(n_gen):
+        ids.append(int(np.argmax(ctx.logits())))
+        ctx.decode(ids[-1:])
+        rows.append(ctx.logits().copy())
+    return ids, np.stack(rows)

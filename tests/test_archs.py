@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run, upstream_bin_dir
+from conftest import logits_and_greedy, run, upstream_bin_dir
 from longhaul_cpp import LlamaError, LoadMode, Model
 from longhaul_cpp.longhaul import library_env
 from longhaul_cpp.modelinfo import inspect_model
@@ -66,16 +66,9 @@ def greedy(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, int,
     """Every prompt position's logits, then N_GEN greedy tokens and their logits."""
     with Model(path, **kw) as m, m.context(n_ctx=128, n_batch=64, n_ubatch=n_ubatch, n_threads=2) as ctx:
         eff = ctx.n_ubatch
-        prompt = np.random.default_rng(0).integers(0, m.n_vocab, N_PROMPT)
-        ctx.decode(prompt, all_logits=True)  # every row through the last layer too: its waves run
-        rows = [ctx.logits(i).copy() for i in range(N_PROMPT)]
-        ids = []
-        for _ in range(N_GEN):
-            ids.append(int(np.argmax(ctx.logits())))
-            ctx.decode(ids[-1:])
-            rows.append(ctx.logits().copy())
+        ids, rows = logits_and_greedy(ctx, np.random.default_rng(0).integers(0, m.n_vocab, N_PROMPT), N_GEN)
         stats = m.longhaul_stats() if m.is_longhaul else None
-    return ids, np.stack(rows), eff, stats
+    return ids, rows, eff, stats
 
 
 def test_every_listed_moe_arch_is_written_or_named() -> None:

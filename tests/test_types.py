@@ -25,7 +25,7 @@ from longhaul_cpp.longhaul import gib_arg
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.synthetic_imatrix import write_imatrix
 
-from conftest import run
+from conftest import logits_and_greedy, run
 
 SPEC = SyntheticSpec(arch="qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_expert=16, n_expert_used=4,
                      n_ff_exp=256, n_ff=256, n_ff_shexp=256, expert_type="f32", weight_type="f32")
@@ -83,15 +83,8 @@ def budgets(path: Path) -> dict[str, int]:
 def logits_run(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, int]:
     with Model(path, **kw) as m, m.context(n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_threads=2) as ctx:
         eff = ctx.n_ubatch
-        prompt = np.random.default_rng(1).integers(3, m.n_vocab, N_PROMPT)
-        ctx.decode(prompt, all_logits=True)
-        rows = [ctx.logits(i).copy() for i in range(N_PROMPT)]
-        ids = []
-        for _ in range(N_GEN):
-            ids.append(int(np.argmax(ctx.logits())))
-            ctx.decode(ids[-1:])
-            rows.append(ctx.logits().copy())
-    return ids, np.stack(rows), eff
+        ids, rows = logits_and_greedy(ctx, np.random.default_rng(1).integers(3, m.n_vocab, N_PROMPT), N_GEN)
+    return ids, rows, eff
 
 
 def test_mixes_are_what_they_claim(f32_model) -> None:
