@@ -130,3 +130,22 @@ def test_tool_fit_pass_every_slot_count(f32_model, ftype) -> None:
         err = lh.stderr.decode(errors="replace")
         assert lh.returncode == 0, f"{ftype} at {name}: {err[-3000:]}"
         assert lh.stdout == ref.stdout and lh.stdout.strip(), f"{ftype} at {name}"
+
+
+def test_cli_and_server_fit_pass_one_slot(f32_model) -> None:
+    """llama-cli and llama-server on their default path (fit on) at one slot per layer with repacked Q4_K slots (the
+    budget that aborted in the fit pass), against the default load at the same ubatch (tokens run one at a time)."""
+    from test_tools_longhaul import _complete, server, tool
+
+    path = quantized(f32_model, "Q4_K_M")
+    one = ["--longhaul", "--longhaul-cache", gib_arg(budgets(path)["1"])]
+    args = ["--model", str(path), "-p", "hello", "-n", "12", "-st", "--temp", "0", "-t", "2", "-ub", "1"]
+    ref, lh = tool("llama-cli", *args), tool("llama-cli", *args, *one)
+    assert ref.returncode == 0 and lh.returncode == 0, lh.stderr.decode(errors="replace")[-3000:]
+    answer = lambda out: out.split(b"> hello", 1)[1].split(b"[ Prompt:", 1)[0]  # noqa: E731
+    assert answer(lh.stdout) == answer(ref.stdout) and answer(ref.stdout).strip()
+    texts = []
+    for extra in ([], one):
+        with server(path, "-ub", "1", *extra) as base:
+            texts.append(_complete(base, "Longhaul reads experts."))
+    assert texts[1] == texts[0] and texts[0]
