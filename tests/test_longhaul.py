@@ -254,8 +254,10 @@ def test_budget_too_small_names_the_minimum(make_model) -> None:
     assert f"{minimum / 2**20:.2f} MiB" in str(e.value)
     with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{minimum}B") as m:
         assert all(layer.n_slots == 1 for layer in m.longhaul_stats().layers)
-    # the value it suggests is a size the option takes, and it loads (a model below 1 MiB per slot too)
-    suggested = re.search(r"use --longhaul-cache (\S+) or more", str(e.value)).group(1)
+    # the value it suggests is a size the keyword takes (worded for Python), and it loads (a model below 1 MiB per
+    # slot too)
+    assert "--longhaul-cache" not in str(e.value)
+    suggested = re.search(r"use longhaul_cache='(\S+)' or more", str(e.value)).group(1)
     assert suggested == f"{-(-minimum // 2**20)}MiB"
     with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=suggested) as m:
         assert all(layer.n_slots >= 1 for layer in m.longhaul_stats().layers)

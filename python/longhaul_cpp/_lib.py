@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -133,11 +134,12 @@ def log_mark() -> int:
     return _log.mark()
 
 
-def raise_error(what: str, mark: int) -> None:
-    """Raise LlamaError for `what`, with the library's log lines since `mark`."""
+def raise_error(what: str, mark: int, rewrite: Callable[[str], str] | None = None) -> None:
+    """Raise LlamaError for `what`, with the library's log lines since `mark` (passed through `rewrite`: the
+    library's advice in the caller's terms)."""
     lines = _log.since(mark)
     detail = "; ".join(lines[-4:]) if lines else "no message from the library (see the log)"
-    raise LlamaError(f"{what}: {detail}")
+    raise LlamaError(f"{what}: {rewrite(detail) if rewrite else detail}")
 
 
 class Handle:

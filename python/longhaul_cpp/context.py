@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
+from .longhaul import python_budget_advice
 from .model import _set_fields
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class Context(Handle):
         mark = log_mark()
         ptr = L.llama_init_from_model(model.ptr, p)
         if ptr == ffi.NULL:
-            raise_error("failed to create the context", mark)
+            raise_error("failed to create the context", mark, python_budget_advice)
         self._ptr = ptr
         self.n_past = 0
         self._n_outputs = 0

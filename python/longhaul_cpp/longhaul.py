@@ -65,6 +65,13 @@ def is_auto_budget(value: object) -> bool:
     return isinstance(value, str) and value.strip().lower() == "auto"
 
 
+def python_budget_advice(message: str) -> str:
+    """The library's budget advice, worded for the command line (`use --longhaul-cache 3MiB or more`, `give a larger
+    --longhaul-cache`), in the Python keyword's terms."""
+    message = re.sub(r"use --longhaul-cache (\S+) or more", r"use longhaul_cache='\1' or more", message)
+    return message.replace("give a larger --longhaul-cache", "give a larger longhaul_cache=")
+
+
 def gib_arg(n_bytes: int) -> str:
     """A budget in bytes as the GiB that `--longhaul-cache` takes: n / 2^30 is exact in binary and its
     repr parses back to the same double, so the library gets exactly n bytes."""

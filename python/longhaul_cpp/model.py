@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
-from .longhaul import CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size
+from .longhaul import CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice
 from .routing import DEFAULT_MAX_IDS, Routing
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class Model(Handle):
         ptr = L.llama_model_load_from_file(os.fsencode(self.path), p)
         del keep  # the loader copied what it needs
         if ptr == ffi.NULL:
-            raise_error(f"failed to load model {self.path}", mark)
+            raise_error(f"failed to load model {self.path}", mark, python_budget_advice)
         self._ptr = ptr
         self._vocab_ptr = L.llama_model_get_vocab(ptr)
 
