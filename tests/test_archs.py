@@ -133,6 +133,34 @@ def check_arch(arch: str, path: Path, ran: list[str], refused: list[str], prefet
     return failures
 
 
+# the families users run most (gpt-oss, DeepSeek V3 / Kimi K2, GLM-4.5, Llama 4, Mixtral-style llama), also split in
+# three shards by the shipped llama-gguf-split: experts are read from the shard that holds each bank
+SPLIT_FAMILIES = ["gpt-oss", "deepseek2", "glm4moe", "llama4", "llama"]
+
+
+@pytest.mark.parametrize("arch", SPLIT_FAMILIES)
+def test_family_split_in_three_shards(arch, tmp_path) -> None:
+    from longhaul_cpp import tool_path
+
+    whole = wide_model(arch, tmp_path)
+    import gguf
+
+    n_tensors = len(gguf.GGUFReader(str(whole)).tensors)
+    stem = tmp_path / f"{arch}-split"
+    r = run([str(tool_path("llama-gguf-split")), "--split-max-tensors", str(-(-n_tensors // 3)), str(whole), str(stem)],
+            timeout=300, text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    shards = sorted(tmp_path.glob(f"{arch}-split-0000*-of-00003.gguf"))
+    assert len(shards) == 3, shards
+    holding = [p for p in shards if any("_exps.weight" in t.name for t in gguf.GGUFReader(str(p)).tensors)]
+    assert len(holding) >= 2, holding  # banks in more than one shard
+    whole.unlink()
+    ran: list[str] = []
+    failures = check_arch(arch, shards[0], ran, [], {})
+    assert not failures, "\n".join(failures)
+    assert len(ran) == 6
+
+
 def test_dense_model_is_refused() -> None:
     """A model without routed experts: refused, saying to load it without longhaul."""
     path = next(iter(written()[0].values())).parent / "llama-dense.gguf"
