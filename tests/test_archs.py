@@ -95,6 +95,55 @@ def test_every_moe_arch(tmp_path) -> None:
     assert len(ran) + len(refused) == 6 * len(written()[0])
     # the prefetch ran wherever a decode has a next routed layer to guess for (2 or more routed layers)
     assert sum(1 for b in prefetched.values() if b > 0) >= 20, prefetched
+    check_readme(supported_block(ran, refused))
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BEGIN, END = "<!-- archs:begin (tests/test_archs.py writes this" , "<!-- archs:end -->"
+
+
+def supported_block(ran: list[str], refused: list[str]) -> str:
+    """README's architecture list, from the library's answers in this run: which ran at every budget, which only
+    at some (and the library's reason for the others), which it refused at every budget, which were not written."""
+    budgets = 6
+    ok: dict[str, int] = {}
+    for what in ran:
+        arch = what.split(" at ", 1)[0]
+        ok[arch] = ok.get(arch, 0) + 1
+    why: dict[str, str] = {}
+    for what in refused:
+        arch, rest = what.split(" at ", 1)
+        msg = rest.split(": ", 1)[1]
+        why[arch] = NO_BANKS if NO_BANKS in msg else "non-causal (diffusion): k slots or more" \
+            if re.search(NON_CAUSAL, msg) else msg.splitlines()[0][:120]
+    every = sorted(a for a, n in ok.items() if n == budgets)
+    some = sorted(a for a, n in ok.items() if n < budgets)
+    none = sorted(set(why) - set(ok))
+    lines = [f"  - Run bit-exact at every budget ({len(every)}): " + ", ".join(every) + "."]
+    if some:
+        lines.append(f"  - Run at some budgets, refused at the others ({len(some)}): "
+                     + ", ".join(f"{a} ({why[a]})" for a in some) + ".")
+    if none:
+        lines.append(f"  - Refused ({len(none)}): " + ", ".join(f"{a} ({why[a]})" for a in none)
+                     + ": upstream's fixture gives them no MoE layer.")
+    lines.append("  - Not run (upstream's test cannot write them): "
+                 + "; ".join(f"{a} ({r})" for a, r in sorted(NOT_WRITTEN.items())) + ".")
+    import textwrap
+
+    return "\n".join(textwrap.fill(line, 92, subsequent_indent="    ", break_on_hyphens=False) for line in lines)
+
+
+def check_readme(block: str) -> None:
+    """README's list is this run's (LONGHAUL_UPDATE_README=1 writes it)."""
+    import os
+
+    text = README.read_text()
+    i, j = text.index(BEGIN), text.index(END)
+    head = text[:i] + text[i:].split("\n", 1)[0] + "\n"
+    new = head + block + "\n" + text[j:]
+    if os.environ.get("LONGHAUL_UPDATE_README") == "1":
+        README.write_text(new)
+    assert new == text, f"README's architecture list is stale; LONGHAUL_UPDATE_README=1 rewrites it:\n{block}"
 
 
 def check_arch(arch: str, path: Path, ran: list[str], refused: list[str], prefetched: dict[str, int]) -> list[str]:

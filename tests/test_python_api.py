@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from longhaul_cpp import LoadMode, Model, SyntheticSpec
+from longhaul_cpp.longhaul import parse_cache_size
 from longhaul_cpp.modelinfo import inspect_model
 
 from conftest import run
@@ -77,9 +78,11 @@ def test_info_matches_the_library(make_model, caplog) -> None:
     assert r.returncode == 0, r.stderr
     assert "longhaul:       supported" in r.stdout and "3 slots per layer" in r.stdout
     assert "effective n_ubatch 1" in r.stdout and "2 stage(s)" in r.stdout
-    # the minimum it prints, as the tools' --longhaul-cache GiB, is exactly one slot per layer
-    m = re.search(r"minimum budget: .*\(--longhaul-cache ([0-9.e-]+)\)", r.stdout)
-    assert m and int(float(m.group(1)) * 2**30) == info.min_budget, r.stdout
+    # the minimum it prints, as a size the tools' --longhaul-cache takes, is exactly one slot per layer
+    m = re.search(r"minimum budget: .*\(--longhaul-cache ([0-9.]+[KMG]iB|[0-9]+B)\)", r.stdout)
+    assert m, r.stdout
+    printed = parse_cache_size(m.group(1))
+    assert 0 <= printed - info.min_budget < info.min_budget / 100 and set(info.slots(printed).values()) == {1}
     r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache", "1000B"], text=True)
     assert r.returncode == 1 and "too small" in r.stdout
 

@@ -29,6 +29,9 @@ ggml_backend_dev_t ggml_backend_dev_get(size_t index);
 ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device);
 const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
 ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
+size_t ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst, int64_t start, int64_t nrows,
+                           int64_t n_per_row, const float * imatrix);
+bool   ggml_quantize_requires_imatrix(enum ggml_type type);
 
 // ---- llama.h ----
 struct llama_vocab;

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -70,6 +71,15 @@ def python_budget_advice(message: str) -> str:
     --longhaul-cache`), in the Python keyword's terms."""
     message = re.sub(r"use --longhaul-cache (\S+) or more", r"use longhaul_cache='\1' or more", message)
     return message.replace("give a larger --longhaul-cache", "give a larger longhaul_cache=")
+
+
+def size_arg(n_bytes: int) -> str:
+    """A size `--longhaul-cache` / `longhaul_cache=` accepts, readable (B, KiB, MiB or GiB with at most two decimals)
+    and not below n_bytes: rounded up by less than 1 % of its unit, so a minimum budget stays one slot per layer."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{math.ceil(n_bytes * 100 / scale) / 100:g}{unit}"
+    return f"{n_bytes}B"
 
 
 def gib_arg(n_bytes: int) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from .paths import shard_list
 
 _BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.(weight|bias)$")
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 def expert_waves(n_slots: int, n_expert: int, n_expert_used: int, n_tokens: int, pipelined: bool = False) -> int:
@@ -56,6 +57,8 @@ class ModelInfo:
     expert_types: list[str]
     file_bytes: int
     expert_bias: bool = False      # per-expert additive biases: no expert waves (the ubatch is clamped instead)
+    resident_bytes: int = 0        # the weights a longhaul load keeps in memory (all but the routed banks and the
+    #                                NextN blocks upstream skips), as the file stores them
 
     @property
     def supported(self) -> bool:
@@ -97,6 +100,20 @@ class ModelInfo:
         return max((wave_syncs(s, self.n_expert, self.n_expert_used, n_tokens) for s in self.slots(budget).values()),
                    default=1)
 
+    def prompt_plan(self, budget: int, n_ubatch: int = 512) -> str:
+        """How a prompt ubatch runs at this budget, in words: one pass, expert waves, or stages."""
+        s = min(self.slots(budget).values(), default=0)
+        eff = self.effective_ubatch(budget, n_ubatch)
+        if 0 < s < max(1, self.n_expert_used):
+            return f"stages: one token at a time, {self.stages(budget)} stage(s) per MoE layer"
+        waves = self.waves(budget, eff)
+        if waves > 1:
+            return f"waves: up to {waves} expert waves per MoE layer for a ubatch of {eff}"
+        if eff < n_ubatch:
+            return (f"one pass of at most {eff} token(s): per-expert biases run no expert waves, so the ubatch is "
+                    f"clamped to what the slots hold at once")
+        return f"one pass: a ubatch of {eff} runs all its experts at once"
+
     def stages(self, budget: int) -> int:
         s = min(self.slots(budget).values(), default=0)
         return -(-self.n_expert_used // s) if s > 0 else 0
@@ -113,6 +130,7 @@ def inspect_model(path: str | Path) -> ModelInfo:
     banks: dict[int, int] = {}
     types: set[str] = set()
     bias = False
+    resident = 0
     for i, shard in enumerate(shards):
         r = gguf.GGUFReader(shard)
         if i == 0:
@@ -122,7 +140,9 @@ def inspect_model(path: str | Path) -> ModelInfo:
                 f = r.fields.get(f"{arch}.{key}")
                 return int(f.contents()) if f is not None else default
 
-            n_layer, n_expert, n_used = get("block_count"), get("expert_count"), get("expert_used_count")
+            # NextN / MTP blocks come after the trunk; upstream skips them (and their experts) by default
+            n_layer = get("block_count") - get("nextn_predict_layers")
+            n_expert, n_used = get("expert_count"), get("expert_used_count")
         for t in r.tensors:
             m = _BANK.match(t.name)
             if m and m.group(3) == "bias" and int(m.group(1)) < n_layer:
@@ -131,6 +151,11 @@ def inspect_model(path: str | Path) -> ModelInfo:
                 il = int(m.group(1))
                 banks[il] = banks.get(il, 0) + int(t.n_bytes) // int(t.shape[2])
                 types.add(t.tensor_type.name)
+                continue
+            block = _BLOCK.match(t.name)
+            if not block or int(block.group(1)) < n_layer:
+                resident += int(t.n_bytes)
     return ModelInfo(path=Path(path), shards=shards, arch=arch, n_layer=n_layer, n_expert=n_expert,
                      n_expert_used=n_used, expert_bytes=dict(sorted(banks.items())), expert_types=sorted(types),
-                     file_bytes=sum(p.stat().st_size for p in shards), expert_bias=bias and bool(banks))
+                     file_bytes=sum(p.stat().st_size for p in shards), expert_bias=bias and bool(banks),
+                     resident_bytes=resident)

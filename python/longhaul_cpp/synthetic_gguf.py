@@ -44,6 +44,11 @@ def _random_tensor(rng: np.random.Generator, shape: tuple[int, ...], std: float,
         qs = rng.integers(-127, 128, size=(n_blocks, 32), dtype=np.int8)
         blocks = np.concatenate([d.view(np.uint8), qs.view(np.uint8)], axis=1)
         qtype = gguf.GGMLQuantizationType.Q8_0
+    elif t == "mxfp4":  # value = e2m1(q) * 2 ** (e - 128) (ggml's half-scale convention); |e2m1 * 2| rms ~ 5.85
+        e = np.full((n_blocks, 1), 128 + round(math.log2(std / 5.85)), dtype=np.uint8)
+        qs = rng.integers(0, 256, size=(n_blocks, 16), dtype=np.uint8)
+        blocks = np.concatenate([e, qs], axis=1)
+        qtype = gguf.GGMLQuantizationType.MXFP4
     else:  # q4_0: value = d * (q - 8), q uniform in 0..15
         d = np.full((n_blocks, 1), std / 4.6, dtype=np.float16)
         qs = rng.integers(0, 256, size=(n_blocks, 16), dtype=np.uint8)
@@ -84,6 +89,11 @@ def _tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
     yield _Tensor("output.weight", (E, spec.n_vocab), "custom", fill=out_fill)
     if spec.arch == "inkling":
         yield from _inkling_tensors(spec)
+        return
+    if spec.arch not in ("qwen35moe", "laguna", "qwen3moe"):
+        from .synthetic_families import family_tensors  # noqa: PLC0415 (it builds on this module)
+
+        yield from family_tensors(spec)
         return
 
     moe = set(spec.moe_layers())
@@ -230,16 +240,20 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
     w.add_name(f"longhaul synthetic {a}")
     w.add_uint32(f"{a}.context_length", spec.n_ctx_train)
     w.add_uint32(f"{a}.embedding_length", spec.n_embd)
-    w.add_uint32(f"{a}.block_count", spec.n_layer)
-    w.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
+    w.add_uint32(f"{a}.block_count", spec.n_layer + spec.n_nextn)
+    # llama (Mixtral) sizes its routed experts by feed_forward_length
+    w.add_uint32(f"{a}.feed_forward_length", spec.n_ff_exp if a == "llama" else spec.n_ff)
     w.add_uint32(f"{a}.attention.head_count", spec.n_head)
     if a != "inkling":  # inkling: a per-layer array (below)
-        w.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
-    w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+        # deepseek2's latent cache is one shared "head" (as its converter writes it)
+        w.add_uint32(f"{a}.attention.head_count_kv", 1 if a == "deepseek2" else spec.n_head_kv)
+    if a != "deepseek2":  # latent attention: its own keys (synthetic_families)
+        w.add_uint32(f"{a}.attention.key_length", spec.head_dim)
+        w.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+    if a not in ("deepseek2", "inkling"):  # glm4moe rotates half of each head; inkling has no RoPE
+        w.add_uint32(f"{a}.rope.dimension_count", spec.head_dim // 2 if a == "glm4moe" else spec.head_dim)
     w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     if a != "inkling":  # no RoPE
-        w.add_uint32(f"{a}.rope.dimension_count", spec.head_dim)
         w.add_float32(f"{a}.rope.freq_base", 10000.0)
     w.add_uint32(f"{a}.expert_count", spec.n_expert)
     w.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
@@ -282,8 +296,13 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
         w.add_uint32(f"{a}.log_scaling_n_floor", 128000)
         w.add_float32(f"{a}.log_scaling_alpha", 0.1)
 
+    if a not in ("qwen35moe", "laguna", "qwen3moe", "inkling"):
+        from .synthetic_families import add_family_metadata  # noqa: PLC0415
+
+        add_family_metadata(w, spec)
+
     # llama_ftype of the bulk of the weights (the routed experts), for the model description
-    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}[spec.expert_type])
+    w.add_file_type({"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "mxfp4": 38}[spec.expert_type])
 
     # ChatML, which the library's template support recognizes (llama_chat_apply_template) and llama-server
     # renders with its Jinja engine: the same prompt both ways
@@ -319,6 +338,13 @@ def _add_inkling_tokenizer(w, spec: SyntheticSpec) -> None:
     w.add_add_eos_token(False)
 
 
+def _tensor_type(spec: SyntheticSpec, t: _Tensor) -> str:
+    """The type a weight is written in: the expert type for routed banks, else the weight type, F32 where a
+    block type does not divide the rows (deepseek2's per-head k_b)."""
+    ty = spec.expert_type if t.kind == "expert" else spec.weight_type
+    return ty if ty in ("f32", "f16") or t.shape[0] % 32 == 0 else "f32"
+
+
 def make_model(spec: SyntheticSpec, path: str | Path, *, n_shards: int = 1,
              progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """Write the model (split into `n_shards` files when > 1); return the file paths, first shard first.
@@ -344,7 +370,7 @@ def make_model(spec: SyntheticSpec, path: str | Path, *, n_shards: int = 1,
         elif t.kind == "custom":
             arr, raw = t.fill(rng, shape), None
         else:
-            arr, raw = _random_tensor(rng, shape, t.std, spec.expert_type if t.kind == "expert" else spec.weight_type)
+            arr, raw = _random_tensor(rng, shape, t.std, _tensor_type(spec, t))
         w.add_tensor(t.name, arr, raw_dtype=raw)
         if progress:
             progress(i + 1, len(tensors))

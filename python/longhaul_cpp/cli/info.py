@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..longhaul import gib_arg, is_auto_budget, parse_cache_size
+from ..longhaul import is_auto_budget, parse_cache_size, size_arg
 from ..model import fit_longhaul_cache
 from ..modelinfo import inspect_model
 
@@ -23,6 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     info = inspect_model(args.model)
     mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
+    gib = lambda b: f"{b / 2**30:.3f} GiB"  # noqa: E731
     print(f"model:          {info.path} ({len(info.shards)} file(s), {info.file_bytes / 2**30:.3f} GiB)")
     print(f"architecture:   {info.arch}, {info.n_layer} layers, {len(info.expert_bytes)} routed MoE layers")
     print(f"experts:        {info.n_expert} routed per layer, {info.n_expert_used} used per token, "
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
         sizes = sorted(set(info.expert_bytes.values()))
         print(f"expert bytes:   {', '.join(mib(b) for b in sizes)} per expert (gate + up + down); "
               f"{info.routed_bytes / 2**30:.3f} GiB of routed experts")
-        print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {gib_arg(info.min_budget)})")
+        print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {size_arg(info.min_budget)})")
+        print(f"resident:       {gib(info.resident_bytes)} of other weights stay in memory (as stored in the file)")
     if not info.supported:
         print("longhaul:       not supported (no routed expert tensors to stream): load the model without longhaul")
         return 1
@@ -55,4 +57,5 @@ def run(args: argparse.Namespace) -> int:
               f"effective n_ubatch {info.effective_ubatch(budget, args.n_ubatch)} (of {args.n_ubatch}), "
               f"{info.stages(budget)} stage(s) per MoE layer, up to "
               f"{info.waves(budget, info.effective_ubatch(budget, args.n_ubatch))} expert wave(s) per ubatch")
+        print(f"prompts:        {info.prompt_plan(budget, args.n_ubatch)}")
     return 0

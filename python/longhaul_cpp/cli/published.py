@@ -1,0 +1,38 @@
+"""`longhaul-cpp published NAME OUT_DIR`: a published MoE file at its real scale, without its weights (sparse)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..published import PUBLISHED, sparse_files_supported, write_published
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("published", help="write a published MoE file's real-scale layout with sparse data (its "
+                       "tensor inventory and types; the weights are holes but for embeddings and routers)")
+    p.add_argument("name", nargs="?", choices=sorted(PUBLISHED), help="which published file")
+    p.add_argument("out_dir", nargs="?", help="directory for the file (or its shards)")
+    p.add_argument("--list", action="store_true", help="list the files it can write")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list or args.name is None:
+        for name, pub in PUBLISHED.items():
+            print(f"{name:26} {pub.spec.arch}, {pub.ftype}, {pub.n_shards} file(s): {pub.source}")
+        return 0
+    if args.out_dir is None:
+        raise ValueError("give the output directory: longhaul-cpp published NAME OUT_DIR")
+    from pathlib import Path
+
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    if not sparse_files_supported(args.out_dir):
+        raise ValueError(f"the filesystem of {args.out_dir} has no sparse files: the file would take its full size "
+                         "on disk; use a directory on ext4, xfs, btrfs or tmpfs")
+    paths = write_published(args.name, args.out_dir)
+    for p in paths:
+        print(p)
+    size = sum(p.stat().st_size for p in paths) / 2**30
+    disk = sum(p.stat().st_blocks * 512 for p in paths) / 2**20
+    print(f"{args.name}: {size:.2f} GiB in {len(paths)} file(s), {disk:.1f} MiB on disk", file=sys.stderr)
+    return 0

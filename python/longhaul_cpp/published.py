@@ -1,0 +1,229 @@
+"""Published MoE files at their real scale, without their weights: a GGUF with the published tensor inventory
+(names, shapes, each tensor's type, alignment, the shard count) whose data is a sparse hole, except what makes
+routing vary from token to token.
+
+    paths = write_published("gpt-oss-120b", "out/")      # three shards, 59 GiB each... of holes
+
+- Shapes and metadata: the architecture's published configuration (PUBLISHED below), laid out by the synthetic
+  generator's inventory of that architecture (`synthetic_gguf`, `synthetic_families`).
+- Types: chosen by the shipped `llama-quantize --dry-run` from the file type the publisher used (and, for the
+  Unsloth-style dynamic mix, its `--tensor-type` rules), run on an all-F16 sparse source of the same inventory:
+  the pinned quantizer's rules decide every tensor, as they decided the published file's.
+- Data: every F32 vector (norms as the generator draws them: ones or near one; biases, scales), the routers'
+  first ROUTER_COLS columns and the token embedding's first EMBD_ROWS rows (random, quantized to the embedding's
+  type by ggml). The rest (attention, dense and shared FFNs, the routed experts, the output matrix) is a hole:
+  it reads as zeros, so the hidden state is the token's embedding in every layer, and the routers see it.
+- Shards: cut at the tensor that crosses each 1/n of the data, the first shard holding the metadata.
+
+The files take only a few MiB on disk where the filesystem supports sparse files (`sparse_files_supported`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from .paths import shard_paths
+from .synthetic import N_VOCAB, SyntheticSpec
+from .synthetic_gguf import _add_metadata, _rng, _Tensor, _tensors
+
+ROUTER_COLS = 64   # router columns with random weights (the rest of each row is a hole)
+EMBD_ROWS = N_VOCAB  # token embedding rows with random weights: the byte vocabulary's ids (0..258)
+ALIGNMENT = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    spec: SyntheticSpec
+    ftype: str                       # the llama-quantize file type the publisher used
+    n_shards: int = 1
+    overrides: tuple[str, ...] = ()  # llama-quantize --tensor-type rules (first match wins)
+    source: str = ""                 # where the shapes come from
+
+
+# Unsloth's dynamic 1-bit recipe for large MoE files: routed gate/up IQ1_S, routed down IQ2_XXS, attention and the
+# shared experts Q4_K, the dense blocks' FFNs Q4_K (the base type's rules place the rest)
+UD_IQ1_S = ("ffn_(gate|up)_exps=iq1_s", "ffn_down_exps=iq2_xxs", r"attn_(q|k|v|output|r)\.weight=q4_k", "_shexps=q4_k",
+            r"blk\.[01]\.ffn_(gate|up|down)=q4_k")
+
+PUBLISHED: dict[str, Published] = {
+    "gpt-oss-20b": Published(
+        SyntheticSpec(arch="gpt-oss", n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, n_embd_head=64, n_expert=32,
+                      n_expert_used=4, n_ff_exp=2880, n_ff=2880, n_swa=128, n_vocab_extra=201088 - N_VOCAB,
+                      n_ctx_train=131072),
+        "MXFP4_MOE", 1, source="openai/gpt-oss-20b config.json; ggml-org/gpt-oss-20b-GGUF (mxfp4)"),
+    "gpt-oss-120b": Published(
+        SyntheticSpec(arch="gpt-oss", n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, n_embd_head=64, n_expert=128,
+                      n_expert_used=4, n_ff_exp=2880, n_ff=2880, n_swa=128, n_vocab_extra=201088 - N_VOCAB,
+                      n_ctx_train=131072),
+        "MXFP4_MOE", 3, source="openai/gpt-oss-120b config.json; ggml-org/gpt-oss-120b-GGUF (mxfp4, 3 shards)"),
+    "qwen3-30b-a3b-q4_k_m": Published(
+        SyntheticSpec(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_embd_head=128,
+                      n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff=6144, n_vocab_extra=151936 - N_VOCAB,
+                      n_ctx_train=40960),
+        "Q4_K_M", 1, source="Qwen/Qwen3-30B-A3B config.json; Q4_K_M by llama-quantize"),
+    "inkling-small-ud-iq1_s": Published(
+        SyntheticSpec(arch="inkling", n_layer=42, n_embd=4096, n_head=32, n_head_kv=8, n_embd_head=128,
+                      n_expert=256, n_expert_used=6, n_ff_exp=2048, n_ff_shexp=2048, n_ff=16384,
+                      n_layer_dense_lead=2, full_attention_interval=6, n_swa=512, d_rel=16, rel_extent=1024,
+                      rel_extent_swa=512, logit_scale_denom=16.0, vocab="inkling", n_vocab_pad=966,
+                      n_ctx_train=131072),
+        "IQ1_S", 3, UD_IQ1_S, source="Inkling-Small (276B-A12B) published shapes; an Unsloth-style UD-IQ1_S mix"),
+}
+
+
+def sparse_files_supported(directory: str | Path) -> bool:
+    """Whether `directory`'s filesystem keeps a file's unwritten range as a hole (no blocks allocated)."""
+    with tempfile.NamedTemporaryFile(dir=directory) as f:
+        f.truncate(1 << 30)
+        f.flush()
+        return Path(f.name).stat().st_blocks * 512 < (1 << 20)
+
+
+def _qtype(name: str):
+    import gguf
+
+    return gguf.GGMLQuantizationType[name.upper()]
+
+
+def _nbytes(shape: tuple[int, ...], qtype) -> int:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    return math.prod(shape) // block * size
+
+
+def _source_type(t: _Tensor) -> str:
+    """The unquantized source's type: F16 for matrices and banks, F32 for vectors and small custom tensors
+    (routers stay F32, as converters write them)."""
+    return "F16" if t.kind in ("matrix", "expert") else "F32"
+
+
+_DRY = re.compile(r"\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s*(\S+),.*?(?:\((\S+)\))?\s*$")
+
+
+def quantized_types(pub: Published, llama_quantize: str | Path, workdir: str | Path) -> dict[str, str]:
+    """Every tensor's type in the published file: what the shipped llama-quantize's dry run gives an all-F16
+    sparse source of the inventory, for the publisher's file type and rules."""
+    tensors = list(_tensors(pub.spec))
+    src = Path(workdir) / "source-f16.gguf"
+    _write_sparse(pub.spec, tensors, {t.name: _source_type(t) for t in tensors}, src, 1, data=False)
+    try:
+        args = [a for o in pub.overrides for a in ("--tensor-type", o)]
+        r = subprocess.run([str(llama_quantize), "--dry-run", *args, str(src), pub.ftype], capture_output=True,
+                           text=True, timeout=600)
+    finally:
+        src.unlink()
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-quantize --dry-run {pub.ftype} failed: {(r.stdout + r.stderr)[-2000:]}")
+    types: dict[str, str] = {}
+    for line in (r.stdout + r.stderr).splitlines():
+        m = _DRY.search(line)
+        if m:
+            types[m.group(1)] = (m.group(3) or m.group(2)).upper()
+    missing = [t.name for t in tensors if t.name not in types]
+    if missing:
+        raise RuntimeError(f"llama-quantize --dry-run did not report {missing[0]} (and {len(missing) - 1} more)")
+    return types
+
+
+def write_published(name: str, out_dir: str | Path, *, llama_quantize: str | Path | None = None) -> list[Path]:
+    """Write the published file `name` (a key of PUBLISHED) into out_dir, sparse; return its shard paths."""
+    if name not in PUBLISHED:
+        raise ValueError(f"unknown published model '{name}': one of {', '.join(PUBLISHED)}")
+    from .tools import tool_path
+
+    pub = PUBLISHED[name]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    types = quantized_types(pub, llama_quantize or tool_path("llama-quantize"), out)
+    return _write_sparse(pub.spec, list(_tensors(pub.spec)), types, out / f"{name}.gguf", pub.n_shards, data=True)
+
+
+def _cut(sizes: list[int], n_shards: int) -> list[int]:
+    """Shard index of each tensor: a new shard starts at the tensor that crosses each 1/n of the data."""
+    total, acc, out = sum(sizes), 0, []
+    for s in sizes:
+        out.append(min(n_shards - 1, acc * n_shards // total))
+        acc += s
+    return out
+
+
+def _write_sparse(spec: SyntheticSpec, tensors: list[_Tensor], types: dict[str, str], path: Path, n_shards: int,
+                  *, data: bool) -> list[Path]:
+    import gguf
+
+    qtypes = {t.name: _qtype(types[t.name]) for t in tensors}
+    sizes = [_nbytes(t.shape, qtypes[t.name]) for t in tensors]
+    shard_of = _cut(sizes, n_shards) if n_shards > 1 else [0] * len(tensors)
+    paths = shard_paths(path, n_shards)
+    for i, p in enumerate(paths):
+        w = gguf.GGUFWriter(p, spec.arch)
+        if i == 0:
+            _add_metadata(w, spec)
+        if n_shards > 1:
+            w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, i)
+            w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, n_shards)
+            w.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(tensors))
+        mine = [(t, n) for t, n, s in zip(tensors, sizes, shard_of) if s == i]
+        for t, n in mine:
+            w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), n, raw_dtype=qtypes[t.name])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        f = w.fout[0]
+        start = -(-f.tell() // ALIGNMENT) * ALIGNMENT
+        offset = 0
+        for t, n in mine:
+            if data:
+                for at, chunk in _data(spec, t, qtypes[t.name]):
+                    f.seek(start + offset + at)
+                    f.write(chunk)
+            offset += -(-n // ALIGNMENT) * ALIGNMENT
+        f.truncate(start + offset)
+        w.close()
+    return paths
+
+
+def _data(spec: SyntheticSpec, t: _Tensor, qtype) -> Iterable[tuple[int, bytes]]:
+    """(offset in the tensor, bytes) of the data a sparse file writes for `t`; nothing for a hole."""
+    import gguf
+
+    rng = _rng(spec.seed, t.name)
+    shape = tuple(reversed(t.shape))  # numpy order
+    f32 = qtype == gguf.GGMLQuantizationType.F32
+    if t.name == "token_embd.weight":
+        rows = rng.standard_normal((min(EMBD_ROWS, t.shape[1]), t.shape[0]), dtype=np.float32)
+        yield 0, rows.tobytes() if f32 else quantize_rows(rows, qtype)
+    elif t.name.endswith("ffn_gate_inp.weight") and f32:
+        ne0 = t.shape[0]
+        cols = min(ROUTER_COLS, ne0)
+        w = rng.standard_normal((t.shape[1], cols), dtype=np.float32) * np.float32(1.0 / math.sqrt(cols))
+        for row in range(t.shape[1]):
+            yield row * ne0 * 4, w[row].tobytes()
+    elif f32 and len(t.shape) == 1:
+        arr = np.ones(shape, dtype=np.float32) if t.kind == "norm" else t.fill(rng, shape)
+        yield 0, np.ascontiguousarray(arr, dtype=np.float32).tobytes()
+
+
+def quantize_rows(rows: np.ndarray, qtype) -> bytes:
+    """F32 rows [n, ne0] in a ggml type, by the library's ggml (ggml_quantize_chunk), with a flat importance
+    matrix for the types that need one."""
+    from ._lib import ffi, lib
+
+    n, ne0 = rows.shape
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    out = bytearray(_nbytes((ne0, n), qtype))
+    imatrix = np.ones(ne0, dtype=np.float32)
+    L = lib()
+    im = ffi.from_buffer("float[]", imatrix) if L.ggml_quantize_requires_imatrix(int(qtype)) else ffi.NULL
+    done = L.ggml_quantize_chunk(int(qtype), ffi.from_buffer("float[]", rows), ffi.from_buffer(out), 0, n, ne0, im)
+    if done != len(out):
+        raise RuntimeError(f"ggml_quantize_chunk wrote {done} bytes, expected {len(out)}")
+    return bytes(out)
