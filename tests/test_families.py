@@ -121,3 +121,20 @@ def test_family_auto_budget_loads(family_model, arch) -> None:
             m.context(n_ctx=256, n_ubatch=N_UBATCH, n_threads=2) as ctx:
         ctx.decode(np.arange(3, 3 + N_PROMPT, dtype=np.int32))
         assert np.isfinite(ctx.logits()).all()
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "glm4moe"])
+def test_nextn_blocks_load_without_them_and_mtp_is_refused(family_model, arch) -> None:
+    """A file with NextN (multi-token prediction) blocks, as published DeepSeek V3 and GLM-4.5 files carry them:
+    longhaul loads the trunk without them, as upstream does by default (their experts are not streamed: the
+    equality above runs on such files); asking for the MTP layers is refused, saying what to do."""
+    from longhaul_cpp import LlamaError
+
+    path = family_model(arch)
+    info = inspect_model(path)
+    assert info.n_layer == SPECS[arch].n_layer and max(info.expert_bytes) < info.n_layer
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{info.budget_for(1)}B") as m:
+        assert len(m.longhaul_stats().layers) == len(SPECS[arch].moe_layers())
+    with pytest.raises(LlamaError, match=r"MTP layers .* not supported in longhaul mode; drop it, or load the model "
+                                         r"without longhaul"):
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache="1GiB", load_mtp=True)
