@@ -216,3 +216,46 @@ def test_dense_model_is_refused() -> None:
     path = next(iter(written()[0].values())).parent / "llama-dense.gguf"
     with pytest.raises(LlamaError, match=f"{NO_BANKS}; load it without --longhaul"):
         Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache="1MiB")
+
+
+def test_every_moe_arch_plans_and_fits(tmp_path) -> None:
+    """The routing record, its replay (the planner's input) and `auto` on every architecture: the record at k slots
+    replays to the library's own misses at one slot and at 2k (stages, waves), and `auto` sizes the model from the
+    library's dry runs. Nothing in them may assume one family's tensors."""
+    from longhaul_cpp.model import fit_longhaul_cache
+    from longhaul_cpp.plan import record_run, replay
+
+    failures: list[str] = []
+    checked = 0
+    for arch in written()[0]:
+        path = wide_model(arch, tmp_path)
+        try:
+            info = inspect_model(path)
+            k = info.n_expert_used
+            if not info.expert_bytes or arch in UNUSED_BANKS:
+                continue
+            prompt = np.random.default_rng(3).integers(0, 128, 16, dtype=np.int32)
+            ubatch = 16 if arch in ("llada-moe", "rnd1") else 8  # diffusion: the batch is one ubatch
+
+            def rec(slots: int):
+                return record_run(path, prompt, 0 if ubatch == 16 else 4, budget=info.budget_for(slots),
+                                  n_threads=2, n_ubatch=ubatch, timed=1)
+
+            base = rec(k)
+            for slots in ([k, 2 * k] if ubatch == 16 else [1, 2 * k]):
+                got = rec(slots)
+                predicted = {il: int(m.sum()) for il, m in replay(base, info, info.budget_for(slots)).lru.items()}
+                if predicted != got.misses:
+                    failures.append(f"{arch} at {slots} slots: replay {predicted} != library {got.misses}")
+                if sorted(got.routing.layers) != sorted(info.expert_bytes) or (slots < k and not sum(got.misses.values())):
+                    failures.append(f"{arch} at {slots} slots: nothing recorded or read ({got.misses})")
+            fit = fit_longhaul_cache(path, context_params={"n_ctx": 128, "n_ubatch": ubatch})
+            if fit.budget < info.min_budget:
+                failures.append(f"{arch}: auto chose {fit.budget} B, below one slot per layer ({info.min_budget} B)")
+            checked += 1
+        except Exception as e:  # noqa: BLE001 (collect every architecture's failure)
+            failures.append(f"{arch}: {type(e).__name__}: {e}")
+        finally:
+            path.unlink()
+    assert not failures, "\n".join(failures)
+    assert checked >= 50, checked
