@@ -32,15 +32,16 @@ def _completion(model: Path, log: Path, *extra: str) -> list[str]:
             "-no-cnv", "-t", "2", "-c", "256", "--temp", "0", "-v", "--log-file", str(log), *extra]
 
 
-_FIT = re.compile(r"--longhaul-cache auto: budget ([0-9.]+) (MiB|GiB) \(([0-9.]+) (MiB|GiB) in slots, at least (\d+) of "
-                  r"(\d+) experts per layer")
+_FIT = re.compile(r"--longhaul-cache auto: budget ([0-9.]+) (B|KiB|MiB|GiB|TiB) \(([0-9.]+) (B|KiB|MiB|GiB|TiB) in slots, "
+                  r"at least (\d+) of (\d+) experts per layer")
+_UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def _fitted(log: str) -> tuple[float, int]:
     """The chosen budget (bytes) and the fewest slots of a layer, from the library's log line."""
     m = _FIT.search(log)
     assert m, log[-3000:]
-    return float(m.group(1)) * (MIB if m.group(2) == "MiB" else 2**30), int(m.group(5))
+    return float(m.group(1)) * _UNIT[m.group(2)], int(m.group(5))
 
 
 def test_fit_breakdown_adds_up_and_loads(make_model) -> None:
@@ -124,8 +125,8 @@ def test_auto_refused_with_the_shortfall(make_model, tmp_path) -> None:
         oom = cap.oom_killed()
     log = (tmp_path / "log.txt").read_text(errors="replace")
     assert res.returncode == 1 and not oom, (res.status, log[-3000:])
-    m = re.search(r"not even one expert slot per routed MoE layer fits: .* the smallest budget is ([0-9.]+ MiB): "
-                  r"([0-9.]+) MiB short", log)
+    m = re.search(r"not even one expert slot per routed MoE layer fits: .* the smallest budget is ([0-9.]+ [KMGT]?i?B): "
+                  r"([0-9.]+) [KMGT]?i?B short", log)
     assert m, log[-3000:]
     assert float(m.group(2)) > 0 and "the memory limit of cgroup" in log
 

@@ -127,3 +127,59 @@ def test_no_leak_over_open_close_cycles(model) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     growth = [int(x) for x in r.stdout.split()[-3:]]
     assert min(growth) < 2 * 2**20, f"RSS grew in every 100-cycle window: {[g / 2**20 for g in growth]} MiB"
+
+
+def test_library_refuses_the_auto_placeholder(make_model) -> None:
+    """UINT64_MAX is the tools' placeholder for --longhaul-cache auto; a program that passes it to the library
+    without resolving it is refused, not given every expert."""
+    from longhaul_cpp import LlamaError
+
+    path = make_model(arch="qwen3moe")[0]
+    with pytest.raises(LlamaError, match="UINT64_MAX, the placeholder of --longhaul-cache auto"):
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache="1GiB", longhaul_cache_bytes=2**64 - 1)
+
+
+def test_verbose_llama_prints_the_plan(make_model, caplog) -> None:
+    from longhaul_cpp import Llama
+
+    path = make_model(arch="qwen3moe")[0]
+    info = inspect_model(path)
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp"):
+        with Llama(path, load_mode="longhaul", longhaul_cache="auto", n_ctx=256):
+            pass
+    assert re.search(r"longhaul: longhaul_cache='auto' chose [0-9.]+[KMG]iB .* available - resident weights",
+                     caplog.text), caplog.text
+    assert re.search(rf"longhaul: budget [0-9.]+[KMG]iB, \d+ slots per layer in {len(info.expert_bytes)} routed MoE "
+                     r"layers \(.* of slots\); prompts: ", caplog.text), caplog.text
+
+
+QUIET_SCRIPT = r"""
+import sys
+from longhaul_cpp import LlamaError, LoadMode, Model
+try:
+    Model(sys.argv[1], load_mode=LoadMode.LONGHAUL, longhaul_cache="1B")
+except LlamaError as e:
+    print(e)
+"""
+
+
+def test_quiet_by_default_the_exception_keeps_the_reason(make_model) -> None:
+    """Without logging configured, the library's errors do not reach stderr; the exception carries them."""
+    path = make_model(arch="qwen3moe")[0]
+    r = run([sys.executable, "-c", QUIET_SCRIPT, str(path)], text=True)
+    assert r.returncode == 0 and "less than one expert slot" in r.stdout, r.stdout + r.stderr
+    assert r.stderr.strip() == "", r.stderr
+
+
+def test_info_names_the_tensor_a_truncated_file_cuts(tmp_path, make_model) -> None:
+    path = make_model(arch="qwen3moe")[0]
+    cut = tmp_path / "cut.gguf"
+    data = path.read_bytes()
+    cut.write_bytes(data[: len(data) - 4096])
+    r = run([sys.executable, "-m", "longhaul_cpp", "info", str(cut)], text=True)
+    assert r.returncode == 2 and re.search(r"tensor '[^']+' lies outside the file .* truncated", r.stderr), r.stderr
+    cut.write_bytes(data[:64])  # the header itself cut
+    r = run([sys.executable, "-m", "longhaul_cpp", "info", str(cut)], text=True)
+    assert r.returncode == 2 and "header is cut short" in r.stderr, r.stderr
+    r = run([sys.executable, "-m", "longhaul_cpp", "info", str(tmp_path / "absent.gguf")], text=True)
+    assert r.returncode == 2 and "model file not found" in r.stderr and "shard" not in r.stderr, r.stderr

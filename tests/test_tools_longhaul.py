@@ -17,6 +17,7 @@ import pytest
 
 from longhaul_cpp import SyntheticSpec, tool_path
 from longhaul_cpp.longhaul import gib_arg, parse_cache_size
+from longhaul_cpp.modelinfo import inspect_model
 
 from conftest import ROOT, run
 
@@ -56,7 +57,8 @@ def test_completion_longhaul_equals_normal(model, split_model, slots) -> None:
         assert lh.stdout == ref.stdout and len(lh.stdout.strip()) > 0
         err = lh.stderr.decode(errors="replace")
         assert "longhaul: skipping the startup warmup" in err
-        assert re.search(r"longhaul: hit rate [0-9.]+ %.*GiB of experts read at .*GiB/s.*waiting on I/O.*MoE stages", err)
+        assert re.search(r"longhaul: hit rate [0-9.]+ %.*[0-9.]+ ([KMGT]iB|B) of experts read at .*GiB/s.*waiting on I/O"
+                         r".*MoE stages", err)
 
 
 def test_environment_variables(model) -> None:
@@ -93,7 +95,8 @@ def test_cli_spec_command(model) -> None:
     answer = lambda out: out.split(b"> hello", 1)[1].split(b"[ Prompt:", 1)[0]  # noqa: E731
     assert answer(lh.stdout) == answer(ref.stdout) and answer(ref.stdout).strip()
     # the summary next to the usual perf line
-    assert re.search(rb"\| longhaul: hit rate [0-9.]+ %, [0-9.]+ GiB of experts read, [0-9.]+ s waiting on I/O \]", lh.stdout)
+    assert re.search(rb"\| longhaul: hit rate [0-9.]+ %, [0-9.]+ ([KMGT]iB|B) of experts read, [0-9.]+ s waiting on I/O \]",
+                     lh.stdout)
     assert b"longhaul:" not in ref.stdout
 
 
@@ -117,7 +120,27 @@ def test_cli_spec_command(model) -> None:
 def test_completion_errors(model, args, message) -> None:
     r = completion(model, *args)
     assert r.returncode > 0  # an error exit, not a signal (no crash)
-    assert message in r.stderr.decode(errors="replace") + r.stdout.decode(errors="replace")
+    out = r.stderr.decode(errors="replace") + r.stdout.decode(errors="replace")
+    assert message in out
+    # the memory-fit pass stays quiet about a load longhaul refuses: the refusal is the only error
+    assert "encountered an error while trying to fit" not in out
+
+
+def test_completion_prints_the_plan_at_default_verbosity(model) -> None:
+    """Every longhaul load says its budget, the slots per layer and how prompts run; `auto` says its choice."""
+    info = inspect_model(model)
+    one = completion(model, "--longhaul", "--longhaul-cache", gib_arg(info.budget_for(1)))
+    err = one.stderr.decode(errors="replace")
+    assert one.returncode == 0, err[-2000:]
+    assert re.search(rf"longhaul: budget [0-9.]+ KiB, 1 slots per layer in {len(info.expert_bytes)} routed MoE layers "
+                     r"\([0-9.]+ KiB of slots\); prompts run one token at a time, its experts in \d+ stages", err), err
+    allx = completion(model, "--longhaul", "--longhaul-cache", gib_arg(info.budget_for(info.n_expert)))
+    assert "prompts run in one pass (every expert cached)" in allx.stderr.decode(errors="replace")
+    auto = completion(model, "--longhaul", "--longhaul-cache", "auto")
+    err = auto.stderr.decode(errors="replace")
+    assert auto.returncode == 0 and re.search(r"longhaul: --longhaul-cache auto chose [0-9.]+ [KMG]iB .*available - "
+                                              r"resident weights", err), err[-2000:]
+    assert "longhaul: budget" in err
 
 
 @pytest.mark.parametrize("args,message", [
@@ -179,6 +202,13 @@ def test_bench_cold_and_warm(model) -> None:
     cold = json.loads(bench(model, *args, "--no-warmup").stdout)[0]
     warm = json.loads(bench(model, *args).stdout)[0]
     assert cold["longhaul_gib_read"] > 0 and cold["longhaul_hit_rate"] < warm["longhaul_hit_rate"]
+
+
+def test_bench_says_why_a_load_is_refused_without_verbose(model) -> None:
+    r = bench(model, "--longhaul-cache", "0.00001", "--n-prompt", "8", "--n-gen", "0", "-r", "1")
+    assert r.returncode != 0
+    err = r.stderr.decode(errors="replace")
+    assert "less than one expert slot" in err and "minimum budget" in err, err[-2000:]
 
 
 def test_bench_requires_the_budget(model) -> None:

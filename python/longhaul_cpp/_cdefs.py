@@ -242,7 +242,7 @@ struct llama_longhaul_stats {
 int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
 bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats);
 void llama_model_longhaul_stats_reset(struct llama_model * model);
-const char * llama_model_longhaul_error(const struct llama_model * model);
+int32_t llama_model_longhaul_error(const struct llama_model * model, char * buf, size_t buf_size);
 bool llama_model_longhaul_record_routing(struct llama_model * model, int64_t max_ids);
 int64_t llama_model_longhaul_routing(const struct llama_model * model, int32_t * dst, int64_t n, bool * truncated);
 struct llama_longhaul_fit {

@@ -20,6 +20,9 @@ from cffi import FFI
 from ._cdefs import CDEFS
 
 logger = logging.getLogger("longhaul_cpp.llama")
+# quiet unless the application configures logging (or Llama(verbose=True)): without a handler, Python's last-resort
+# handler would print the library's warnings and errors to stderr, which the exceptions carry anyway
+logging.getLogger("longhaul_cpp").addHandler(logging.NullHandler())
 
 ffi = FFI()
 ffi.cdef(CDEFS)

@@ -76,6 +76,8 @@ class Llama:
         except BaseException:
             self.model.close()
             raise
+        if self.model.is_longhaul:
+            logger.info("%s", self.model.longhaul_plan(ctx_params["n_ubatch"]))
         self.chat_format = chat_format
         self._template = chat_format or model_chat_template(self.model)
 

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
-from .longhaul import CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice
+from ._lib import Handle, LlamaError, ffi, lib, log_mark, logger, raise_error
+from .longhaul import (CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice,
+                       size_arg)
 from .routing import DEFAULT_MAX_IDS, Routing
 
 if TYPE_CHECKING:
@@ -124,8 +125,13 @@ class Model(Handle):
         p = L.llama_model_default_params()
         _set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})
         if auto:
-            self.longhaul_fit = _fit_cache(self.path, p, context_params or {})
-            p.longhaul_cache_bytes = self.longhaul_fit.budget
+            f = self.longhaul_fit = _fit_cache(self.path, p, context_params or {})
+            p.longhaul_cache_bytes = f.budget
+            logger.info("longhaul: longhaul_cache='auto' chose %s (%d of %d experts per layer at least): %s available "
+                        "- resident weights %s - KV cache %s - compute %s - read buffers %s - headroom %s",
+                        *(size_arg(b) for b in (f.budget,)), f.n_slots, f.n_expert,
+                        *(size_arg(b) for b in (f.available, f.resident, f.context, f.compute, f.io, f.headroom)))
+        self.longhaul_budget = int(p.longhaul_cache_bytes) if load_mode == LoadMode.LONGHAUL else 0
         mark = log_mark()
         ptr = L.llama_model_load_from_file(os.fsencode(self.path), p)
         del keep  # the loader copied what it needs
@@ -197,9 +203,28 @@ class Model(Handle):
 
         return LonghaulStats(total=read(-1), layers=[read(i) for i in range(n)])
 
+    def longhaul_plan(self, n_ubatch: int) -> str:
+        """One line: the budget, the slots per routed layer and how a prompt ubatch of n_ubatch runs (one pass,
+        expert waves, or one token at a time in stages); "" when not in longhaul mode."""
+        if not self.is_longhaul:
+            return ""
+        from .modelinfo import inspect_model  # noqa: PLC0415 (reads the header: only when asked)
+
+        slots = [layer.n_slots for layer in self.longhaul_stats().layers]
+        lo, hi = min(slots), max(slots)
+        cached = self.longhaul_stats().total.cache_bytes
+        return (f"longhaul: budget {size_arg(self.longhaul_budget)}, {lo if lo == hi else f'{lo}-{hi}'} slots per layer "
+                f"in {len(slots)} routed MoE layers ({size_arg(cached)} of slots); prompts: "
+                f"{inspect_model(self.path).prompt_plan(self.longhaul_budget, n_ubatch)}")
+
     def longhaul_error(self) -> str:
         """Why the last decode on this model failed in longhaul mode (a failed expert read), or ""."""
-        return ffi.string(lib().llama_model_longhaul_error(self.ptr)).decode("utf-8", "replace")
+        n = lib().llama_model_longhaul_error(self.ptr, ffi.NULL, 0)
+        if n <= 0:
+            return ""
+        buf = ffi.new("char[]", n + 1)  # a copy: another context's decode may replace the message meanwhile
+        lib().llama_model_longhaul_error(self.ptr, buf, n + 1)
+        return ffi.string(buf).decode("utf-8", "replace")
 
     def longhaul_stats_reset(self) -> None:
         lib().llama_model_longhaul_stats_reset(self.ptr)

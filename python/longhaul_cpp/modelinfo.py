@@ -119,20 +119,42 @@ class ModelInfo:
         return -(-self.n_expert_used // s) if s > 0 else 0
 
 
+def _reader(shard: Path):
+    """The shard's gguf reader; a truncated file names the tensor it cuts (the gguf package fails to reshape)."""
+    import gguf
+
+    from .gguf_extent import tensor_outside
+
+    try:
+        return gguf.GGUFReader(shard)
+    except Exception as e:  # noqa: BLE001 (diagnosed below, else re-raised)
+        try:
+            cut = tensor_outside(shard)
+        except EOFError:
+            raise ValueError(f"{shard}: the GGUF header is cut short: the file is truncated; download it again") from e
+        if cut is None:
+            raise
+        name, offset, nbytes, size = cut
+        raise ValueError(f"{shard}: tensor '{name}' lies outside the file (data at {offset} + {nbytes} bytes, the file "
+                         f"has {size}): the file is truncated; download it again") from e
+
+
 def inspect_model(path: str | Path) -> ModelInfo:
     import gguf
 
     shards = shard_list(path)
     missing = [p for p in shards if not p.is_file()]
+    if missing and len(shards) == 1:
+        raise FileNotFoundError(f"model file not found: {path}")
     if missing:
-        raise FileNotFoundError(f"missing shard: {missing[0]}")
+        raise FileNotFoundError(f"missing shard: {missing[0]} (of {len(shards)})")
     arch, n_layer, n_expert, n_used = "", 0, 0, 0
     banks: dict[int, int] = {}
     types: set[str] = set()
     bias = False
     resident = 0
     for i, shard in enumerate(shards):
-        r = gguf.GGUFReader(shard)
+        r = _reader(shard)
         if i == 0:
             arch = r.fields["general.architecture"].contents()
 
