@@ -172,3 +172,37 @@ def test_info_plans_the_auto_budget(make_model, capsys) -> None:
     # a refusal is an error exit with the library's message
     assert main(["info", str(model), "--longhaul-cache", "auto", "-c", str(2**26)]) == 1
     assert "short" in capsys.readouterr().err
+
+
+AVAIL_SCRIPT = r"""
+import sys
+from longhaul_cpp import fit_longhaul_cache
+
+def available():
+    return fit_longhaul_cache(sys.argv[1], context_params={"n_ctx": 256}).available
+
+before = available()
+for _ in range(2):  # read twice: the file's pages become active in the cgroup's page cache
+    with open(sys.argv[2], "rb") as f:
+        while f.read(1 << 20):
+            pass
+print(before, available())
+"""
+
+
+@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+def test_page_cache_is_not_counted_as_used(make_model, tmp_path) -> None:
+    """A container that read a file twice (its pages active in the cgroup's page cache) still has that memory
+    available: the kernel reclaims file pages before it kills anything. Without the fix, 256 MiB less."""
+    import sys
+
+    model = _model(make_model, TINY)
+    data = tmp_path / "data.bin"
+    with open(data, "wb") as f:
+        for _ in range(256):
+            f.write(os.urandom(MIB))
+    with MemoryCap(1024 * MIB) as cap:
+        res = run_process([sys.executable, "-c", AVAIL_SCRIPT, str(model), str(data)], cap=cap, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    before, after = (int(x) for x in res.stdout.split())
+    assert after > before - 48 * MIB, (before / MIB, after / MIB)

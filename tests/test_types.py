@@ -3,7 +3,9 @@ synthetic model (qwen3moe, 16 experts, top-4, rows of 256 so that every K- and I
 
 - Python API: a longhaul load equals the default load (CPU repacked layouts on, so where a normal load repacks a
   type the slots are converted into the same layout as they are read): every prompt position's logits and the
-  decoded tokens bit for bit, at every expert cached, 2k, k, k-1 and 1 slot.
+  decoded tokens bit for bit, at every expert cached, 2k, k, k-1 and 1 slot; the expert bytes converted into the
+  repacked layout are counted exactly where this CPU repacks the banks in a normal load; and with the plain-experts
+  configuration (LLAMA_LONGHAUL_PLAIN_EXPERTS: plain banks, plain slots) too.
 - The tools' default path (the memory-fit pass on): llama-completion gives the default load's text at every slot
   count for the types the CPU repacks (one slot per layer aborted in the fit pass before series patch 0019).
 
@@ -21,7 +23,7 @@ import numpy as np
 import pytest
 
 from longhaul_cpp import LoadMode, Model, SyntheticSpec, tool_path
-from longhaul_cpp.longhaul import gib_arg
+from longhaul_cpp.longhaul import gib_arg, plain_expert_banks
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.synthetic_imatrix import write_imatrix
 
@@ -80,11 +82,29 @@ def budgets(path: Path) -> dict[str, int]:
             (("all", info.n_expert), ("2k", 2 * k), ("k", k), ("k-1", k - 1), ("1", 1))}
 
 
-def logits_run(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, int]:
+def logits_run(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, int, int]:
+    """Prompt logits and greedy tokens, the effective ubatch, and the expert bytes converted into the repacked
+    layout as they were read (0 for a normal load)."""
     with Model(path, **kw) as m, m.context(n_ctx=256, n_batch=64, n_ubatch=n_ubatch, n_threads=2) as ctx:
         eff = ctx.n_ubatch
         ids, rows = logits_and_greedy(ctx, np.random.default_rng(1).integers(3, m.n_vocab, N_PROMPT), N_GEN)
-    return ids, rows, eff
+        converted = m.longhaul_stats().total.bytes_converted if m.is_longhaul else 0
+    return ids, rows, eff, converted
+
+
+def repacked_mib(caplog, path: Path, *, plain_experts: bool = False) -> float:
+    """MiB a normal load puts in the CPU's repacked buffer type (all of its expert banks' share goes with
+    plain_experts)."""
+    import contextlib
+    import logging
+    import re
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"), \
+            plain_expert_banks() if plain_experts else contextlib.nullcontext(), Model(path, load_mode=LoadMode.NONE):
+        pass
+    sizes = re.findall(r"CPU_REPACK model buffer size = +([0-9.]+) MiB", "\n".join(r.getMessage() for r in caplog.records))
+    return sum(float(x) for x in sizes)
 
 
 def test_mixes_are_what_they_claim(f32_model) -> None:
@@ -97,18 +117,30 @@ def test_mixes_are_what_they_claim(f32_model) -> None:
 
 
 @pytest.mark.parametrize("ftype", TYPES + list(IMATRIX_TYPES) + list(MIXES) + ["F32"])
-def test_type_equals_default_load(f32_model, ftype) -> None:
+def test_type_equals_default_load(f32_model, ftype, caplog) -> None:
     path = quantized(f32_model, ftype)
     info = inspect_model(path)
     assert (info.expert_types == ["F32"]) == (ftype == "F32"), info.expert_types
     normal: dict[int, tuple[list[int], np.ndarray]] = {}
+    converted = 0
     for name, budget in budgets(path).items():
-        ids, logits, eff = logits_run(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B")
+        ids, logits, eff, conv = logits_run(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B")
+        converted += conv
         if eff not in normal:
             normal[eff] = logits_run(path, eff, load_mode=LoadMode.NONE)[:2]
         ref_ids, ref_logits = normal[eff]
         assert ids == ref_ids, f"{ftype} at {name}"
         np.testing.assert_array_equal(logits, ref_logits, err_msg=f"{ftype} at {name} ({info.expert_types})")
+    # the slots are converted as they are read exactly where this CPU repacks the banks in a normal load
+    repacks = repacked_mib(caplog, path) > repacked_mib(caplog, path, plain_experts=True)
+    assert (converted > 0) == repacks, (ftype, converted, repacks)
+    # and the plain-experts configuration (plain banks, plain slots) is exact too
+    with plain_expert_banks():
+        ids, logits, eff, conv = logits_run(path, 64, load_mode=LoadMode.LONGHAUL,
+                                            longhaul_cache=f"{budgets(path)['k']}B")
+        ref_ids, ref_logits = logits_run(path, eff, load_mode=LoadMode.NONE)[:2]
+    assert conv == 0 and ids == ref_ids, f"{ftype}, plain experts"
+    np.testing.assert_array_equal(logits, ref_logits, err_msg=f"{ftype}, plain experts")
 
 
 def completion(path: Path, *extra: str) -> subprocess.CompletedProcess:
