@@ -201,6 +201,10 @@ def test_page_cache_is_not_counted_as_used(make_model, tmp_path) -> None:
     with open(data, "wb") as f:
         for _ in range(256):
             f.write(os.urandom(MIB))
+        f.flush()
+        os.fsync(f.fileno())
+        # out of the page cache: the capped process's reads bring its pages in, charged to its cgroup
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     with MemoryCap(1024 * MIB) as cap:
         res = run_process([sys.executable, "-c", AVAIL_SCRIPT, str(model), str(data)], cap=cap, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -107,6 +107,9 @@ def test_demo_command(tmp_path: Path) -> None:
     # next to tokens/s, what each load kept in memory: peak RSS and routed experts (all of them / the cache)
     mem = re.findall(r"peak RSS +([0-9.]+) MiB, routed experts in memory +([0-9.]+) MiB", r.stdout)
     assert len(mem) == 2 and float(mem[1][1]) < float(mem[0][1]) and all(float(m[0]) > 0 for m in mem)
+    # on its default model the saving is plain: longhaul's peak RSS below the normal load's
+    assert float(mem[1][0]) < float(mem[0][0]), r.stdout
+    assert "memory: longhaul's peak RSS is" in r.stdout and "below the normal load's" in r.stdout
     assert "longhaul runs MoE models whose experts do not fit in memory" in r.stdout
     assert "generated 16 tokens; identical to the normal load: yes" in r.stdout
     assert list((tmp_path / "models").glob("*.gguf"))  # cached for the next run

@@ -73,6 +73,14 @@ def python_budget_advice(message: str) -> str:
     return message.replace("give a larger --longhaul-cache", "give a larger longhaul_cache=")
 
 
+def size_text(n_bytes: int) -> str:
+    """A size for people: B, KiB, MiB or GiB with two decimals (the library's and the tools' rule)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.2f} {unit}"
+    return f"{n_bytes} B"
+
+
 def size_arg(n_bytes: int) -> str:
     """A size `--longhaul-cache` / `longhaul_cache=` accepts, readable (B, KiB, MiB or GiB with at most two decimals)
     and not below n_bytes: rounded up by less than 1 % of its unit, so a minimum budget stays one slot per layer."""

@@ -12,7 +12,8 @@ from ..longhaul import parse_cache_size
 from ..model import Model
 from ..plan import make_plan, random_prompt
 from ..plan.predict import GIB, MIB
-from ..plan.report import plot, shown_rows, size_arg, size_text, table, to_json
+from ..longhaul import size_arg, size_text
+from ..plan.report import plot, shown_rows, table, to_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

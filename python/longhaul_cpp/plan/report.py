@@ -7,20 +7,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .predict import GIB, MIB, BudgetRow
+from ..longhaul import size_text
+from .predict import GIB, BudgetRow
 
 
 def _f(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
-
-
-def size_text(n: int) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
-
-
-def size_arg(n: int) -> str:
-    """A --longhaul-cache value that gives at least the slots of n bytes: whole GiB or MiB, rounded up."""
-    return f"{n // GIB}GiB" if n % GIB == 0 else f"{-(-n // MIB)}MiB"
 
 
 def shown_rows(rows: Sequence[BudgetRow], n_expert_used: int, marks: Sequence[BudgetRow | None]) -> list[BudgetRow]:
