@@ -98,6 +98,8 @@ def test_cli_spec_command(model) -> None:
     assert re.search(rb"\| longhaul: hit rate [0-9.]+ %, [0-9.]+ ([KMGT]iB|B) of experts read, [0-9.]+ s waiting on I/O \]",
                      lh.stdout)
     assert b"longhaul:" not in ref.stdout
+    # the banner says the budget, the slots per layer and how prompts run (the server's /props longhaul.plan)
+    assert re.search(rb"longhaul: budget 2.00 GiB, \d+ slots per layer in \d+ routed MoE layers", lh.stdout), lh.stdout[:3000]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -310,6 +312,7 @@ def test_server_concurrent_clients_match_normal_load(model) -> None:
     assert lh["load_mode"] == "longhaul" and lh["cache_budget_gib"] == 2
     assert len(lh["slots_per_layer"]) == 4 and all(s["slots"] == 16 for s in lh["slots_per_layer"])
     assert lh["n_ubatch"] == 512  # every expert is cached: no clamp
+    assert lh["plan"].startswith("longhaul: budget 2.00 GiB, 16 slots per layer in 4 routed MoE layers")
     assert lh["cache_bytes"] == second["longhaul_cache_bytes"]
 
 
@@ -380,3 +383,20 @@ def test_openai_client_talks_to_longhaul_server(model) -> None:
         stream = client.chat.completions.create(model="m", messages=msg, max_tokens=12, temperature=0, stream=True)
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text and streamed == text
+
+
+def test_server_prints_the_plan_at_default_verbosity(model, tmp_path) -> None:
+    log = tmp_path / "server.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([str(tool_path("llama-server")), "-m", str(model), "--host", "127.0.0.1", "--port",
+                                 str(_free_port()), "-t", "2", "--longhaul", "--longhaul-cache", "auto"],
+                                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 120
+            while b"listening on" not in log.read_bytes() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    assert "--longhaul-cache auto chose" in text and re.search(r"longhaul: budget .* slots per layer", text), text[-3000:]
