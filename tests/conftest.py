@@ -85,3 +85,22 @@ def logits_and_greedy(ctx, prompt, n_gen: int):
         ctx.decode(ids[-1:])
         rows.append(ctx.logits().copy())
     return ids, np.stack(rows)
+
+
+def repacked_mib(caplog, path, *, plain_experts: bool = False) -> float:
+    """MiB a normal load puts in the CPU's repacked buffer type (0 where the CPU has no repacked kernels); with
+    plain_experts, the routed expert banks stay plain (their share goes)."""
+    import contextlib
+    import logging
+    import re
+
+    from longhaul_cpp import LoadMode, Model
+    from longhaul_cpp.longhaul import plain_expert_banks
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"), \
+            plain_expert_banks() if plain_experts else contextlib.nullcontext(), Model(path, load_mode=LoadMode.NONE):
+        pass
+    sizes = re.findall(r"CPU_REPACK model buffer size = +([0-9.]+) MiB", "\n".join(r.getMessage() for r in caplog.records))
+    return sum(float(x) for x in sizes)
+

@@ -22,6 +22,8 @@ from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, lib, parse_
 from longhaul_cpp._lib import ffi
 from longhaul_cpp.modelinfo import expert_waves, wave_syncs
 
+from conftest import repacked_mib
+
 
 PROMPT = ("Longhaul keeps dense weights resident and streams routed experts from the file; "
           "the expert cache has a fixed budget.")
@@ -125,7 +127,7 @@ def test_longhaul_equals_default_load(make_model, caplog, monkeypatch, arch, et,
     np.testing.assert_array_equal(logits, ref_logits)
     # the slots really are repacked wherever this CPU repacks the banks: every byte read was converted
     st = info["stats"].total
-    default, plain_experts = _repacked_mib(caplog, paths[0]), _repacked_mib(caplog, paths[0], plain_experts=True)
+    default, plain_experts = repacked_mib(caplog, paths[0]), repacked_mib(caplog, paths[0], plain_experts=True)
     if default > plain_experts:
         assert st.bytes_converted == st.bytes_read > 0 and st.t_convert_s > 0
     else:  # no repacked kernels for these banks here
@@ -149,21 +151,8 @@ def test_plain_expert_banks_in_both_loads(make_model, caplog, arch, et, extra, s
     np.testing.assert_array_equal(logits, ref_logits)
     # the reference really is the mixed configuration: where this CPU repacks Q4_0 at all, it repacks
     # the resident weights there, and less than the default load (which repacks the experts too)
-    default, mixed = _repacked_mib(caplog, path), _repacked_mib(caplog, path, plain_experts=True)
+    default, mixed = repacked_mib(caplog, path), repacked_mib(caplog, path, plain_experts=True)
     assert (default == mixed == 0) or 0 < mixed < default
-
-
-def _repacked_mib(caplog, path, *, plain_experts: bool = False) -> float:
-    """MiB a normal load puts in the CPU's repacked buffer type (0 where the CPU has no repacked kernels)."""
-    import logging
-    import re
-
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"), \
-            plain_expert_banks() if plain_experts else contextlib.nullcontext(), Model(path, load_mode=LoadMode.NONE):
-        pass
-    sizes = re.findall(r"CPU_REPACK model buffer size = +([0-9.]+) MiB", "\n".join(r.getMessage() for r in caplog.records))
-    return sum(float(x) for x in sizes)
 
 
 def test_counters(make_model) -> None:

@@ -27,7 +27,7 @@ from longhaul_cpp.longhaul import gib_arg, plain_expert_banks
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.synthetic_imatrix import write_imatrix
 
-from conftest import logits_and_greedy, run
+from conftest import logits_and_greedy, repacked_mib, run
 
 SPEC = SyntheticSpec(arch="qwen3moe", n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_expert=16, n_expert_used=4,
                      n_ff_exp=256, n_ff=256, n_ff_shexp=256, expert_type="f32", weight_type="f32")
@@ -90,21 +90,6 @@ def logits_run(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, 
         ids, rows = logits_and_greedy(ctx, np.random.default_rng(1).integers(3, m.n_vocab, N_PROMPT), N_GEN)
         converted = m.longhaul_stats().total.bytes_converted if m.is_longhaul else 0
     return ids, rows, eff, converted
-
-
-def repacked_mib(caplog, path: Path, *, plain_experts: bool = False) -> float:
-    """MiB a normal load puts in the CPU's repacked buffer type (all of its expert banks' share goes with
-    plain_experts)."""
-    import contextlib
-    import logging
-    import re
-
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"), \
-            plain_expert_banks() if plain_experts else contextlib.nullcontext(), Model(path, load_mode=LoadMode.NONE):
-        pass
-    sizes = re.findall(r"CPU_REPACK model buffer size = +([0-9.]+) MiB", "\n".join(r.getMessage() for r in caplog.records))
-    return sum(float(x) for x in sizes)
 
 
 def test_mixes_are_what_they_claim(f32_model) -> None:

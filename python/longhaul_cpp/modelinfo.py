@@ -140,8 +140,6 @@ def _reader(shard: Path):
 
 
 def inspect_model(path: str | Path) -> ModelInfo:
-    import gguf
-
     shards = shard_list(path)
     missing = [p for p in shards if not p.is_file()]
     if missing and len(shards) == 1:
