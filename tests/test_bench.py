@@ -130,7 +130,7 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping the page cache needs root")
 def test_read_bandwidth_probe(make_model) -> None:
-    from longhaul_cpp.bench.disk import expert_slices, read_bandwidth
+    from longhaul_cpp.disk import expert_slices, read_bandwidth
 
     model = _tiny(make_model)
     slices, size = expert_slices(model)

@@ -1,7 +1,6 @@
 """Context: decode batches, read logits as numpy arrays, generate text."""
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -9,21 +8,10 @@ import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
 from .longhaul import python_budget_advice
-from .model import _set_fields
+from .params import context_params
 
 if TYPE_CHECKING:
     from .model import Model
-
-
-def context_params(**params: Any) -> Any:
-    """`llama_context_params` with the package's defaults (n_ctx 512, up to 4 threads) and these fields."""
-    p = lib().llama_context_default_params()
-    params.setdefault("n_ctx", 512)
-    params.setdefault("no_perf", False)
-    threads = params.pop("n_threads", None) or min(os.cpu_count() or 1, 4)
-    params.setdefault("n_threads_batch", threads)
-    _set_fields(p, "struct llama_context_params", {"n_threads": threads, **params})
-    return p
 
 
 class Context(Handle):

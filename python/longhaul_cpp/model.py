@@ -1,66 +1,28 @@
 """Model: loading a GGUF model in a load mode (longhaul among them), its vocabulary and cache statistics."""
 from __future__ import annotations
 
-import enum
 import os
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, logger, raise_error
+from .context import Context
 from .longhaul import (CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice,
                        size_arg)
+from .modelinfo import inspect_model
+from .params import LoadMode, buft_overrides, set_fields
+from .params import context_params as context_params_struct
 from .routing import DEFAULT_MAX_IDS, Routing
-
-if TYPE_CHECKING:
-    from .context import Context
-
-
-# `enum llama_load_mode` of the binding (AUTO, NONE, MMAP, MLOCK, MMAP_MLOCK, DIRECT_IO, LONGHAUL)
-LoadMode = enum.IntEnum("LoadMode", {name[len("LLAMA_LOAD_MODE_"):]: value for value, name in
-                                     sorted(ffi.typeof("enum llama_load_mode").elements.items())})
-LoadMode.__doc__ = "Mirrors `enum llama_load_mode` (taken from the binding's declaration)."
-
-
-def _set_fields(struct: Any, kind: str, values: dict[str, Any]) -> None:
-    fields = {name for name, _ in ffi.typeof(kind).fields}
-    for key, value in values.items():
-        if key not in fields:
-            raise TypeError(f"unknown {kind.split()[-1]} field '{key}'; known: {', '.join(sorted(fields))}")
-        if isinstance(value, enum.Enum):
-            value = value.value
-        setattr(struct, key, value)
-
-
-def _buft_overrides(overrides: Mapping[str, str]) -> tuple[Any, list[Any]]:
-    """`{tensor name regex: buffer type name}` as a NULL-terminated `llama_model_tensor_buft_override`
-    array (like `-ot PATTERN=BUFT`); returns the array and the buffers it points into."""
-    L = lib()
-    bufts = {}
-    for i in range(L.ggml_backend_dev_count()):
-        buft = L.ggml_backend_dev_buffer_type(L.ggml_backend_dev_get(i))
-        bufts[ffi.string(L.ggml_backend_buft_name(buft)).decode()] = buft
-    arr = ffi.new("struct llama_model_tensor_buft_override[]", len(overrides) + 1)
-    keep = []
-    for i, (pattern, name) in enumerate(overrides.items()):
-        if name not in bufts:
-            raise ValueError(f"unknown buffer type '{name}' for tensor pattern '{pattern}'; "
-                             f"available: {', '.join(sorted(bufts))}")
-        keep.append(ffi.new("char[]", pattern.encode()))
-        arr[i].pattern = keep[-1]
-        arr[i].buft = bufts[name]
-    return arr, keep
 
 
 def _fit_cache(path: Path, mparams: Any, context_params: Mapping[str, Any]) -> CacheFit:
-    from .context import context_params as make_context_params
-
     fit = ffi.new("struct llama_longhaul_fit *")
     mark = log_mark()
-    if not lib().llama_longhaul_fit_cache(os.fsencode(path), mparams, make_context_params(**context_params), fit):
+    if not lib().llama_longhaul_fit_cache(os.fsencode(path), mparams, context_params_struct(**context_params), fit):
         raise_error(f"no longhaul cache budget fits for {path}", mark)
     return CacheFit.from_c(fit)
 
@@ -72,7 +34,7 @@ def fit_longhaul_cache(path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
     defaults when None); other keyword arguments are `llama_model_params` fields. Raises LlamaError
     naming the shortfall when not even one expert slot per routed layer fits."""
     p = lib().llama_model_default_params()
-    _set_fields(p, "struct llama_model_params",
+    set_fields(p, "struct llama_model_params",
                 {"load_mode": LoadMode.LONGHAUL, "n_gpu_layers": n_gpu_layers, **params})
     if not Path(path).is_file():
         raise FileNotFoundError(f"model file not found: {path}")
@@ -120,10 +82,10 @@ class Model(Handle):
             raise FileNotFoundError(f"model file not found: {self.path}")
         keep: list[Any] = []  # buffers the params point into, alive until the load returns
         if isinstance(params.get("tensor_buft_overrides"), Mapping):
-            params["tensor_buft_overrides"], keep = _buft_overrides(params["tensor_buft_overrides"])
+            params["tensor_buft_overrides"], keep = buft_overrides(params["tensor_buft_overrides"])
         L = lib()
         p = L.llama_model_default_params()
-        _set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})
+        set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})
         if auto:
             f = self.longhaul_fit = _fit_cache(self.path, p, context_params or {})
             p.longhaul_cache_bytes = f.budget
@@ -208,8 +170,6 @@ class Model(Handle):
         expert waves, or one token at a time in stages); "" when not in longhaul mode."""
         if not self.is_longhaul:
             return ""
-        from .modelinfo import inspect_model  # noqa: PLC0415 (reads the header: only when asked)
-
         slots = [layer.n_slots for layer in self.longhaul_stats().layers]
         lo, hi = min(slots), max(slots)
         cached = self.longhaul_stats().total.cache_bytes
@@ -293,8 +253,6 @@ class Model(Handle):
     # -- contexts --
     def context(self, **params: Any) -> Context:
         """A new context; keyword arguments are fields of `llama_context_params` (n_ctx, n_ubatch, ...)."""
-        from .context import Context
-
         ctx = Context(self, **params)
         self._contexts.add(ctx)
         return ctx

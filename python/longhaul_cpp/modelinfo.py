@@ -17,6 +17,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from .gguf_extent import tensor_outside
 from .paths import shard_list
 
 _BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.(weight|bias)$")
@@ -122,8 +123,6 @@ class ModelInfo:
 def _reader(shard: Path):
     """The shard's gguf reader; a truncated file names the tensor it cuts (the gguf package fails to reshape)."""
     import gguf
-
-    from .gguf_extent import tensor_outside
 
     try:
         return gguf.GGUFReader(shard)

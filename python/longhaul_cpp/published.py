@@ -31,7 +31,10 @@ import numpy as np
 
 from .paths import shard_paths
 from .synthetic import N_VOCAB, SyntheticSpec
-from .synthetic_gguf import _add_metadata, _rng, _Tensor, _tensors
+from ._lib import ffi, lib
+from .synthetic_gguf import add_metadata, tensor_layout
+from .synthetic_tensors import TensorDef, rng_for
+from .tools import tool_path
 
 ROUTER_COLS = 64   # router columns with random weights (the rest of each row is a hole)
 EMBD_ROWS = N_VOCAB  # token embedding rows with random weights: the byte vocabulary's ids (0..258)
@@ -99,7 +102,7 @@ def _nbytes(shape: tuple[int, ...], qtype) -> int:
     return math.prod(shape) // block * size
 
 
-def _source_type(t: _Tensor) -> str:
+def _source_type(t: TensorDef) -> str:
     """The unquantized source's type: F16 for matrices and banks, F32 for vectors and small custom tensors
     (routers stay F32, as converters write them)."""
     return "F16" if t.kind in ("matrix", "expert") else "F32"
@@ -111,7 +114,7 @@ _DRY = re.compile(r"\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s*(\S+),.*?
 def quantized_types(pub: Published, llama_quantize: str | Path, workdir: str | Path) -> dict[str, str]:
     """Every tensor's type in the published file: what the shipped llama-quantize's dry run gives an all-F16
     sparse source of the inventory, for the publisher's file type and rules."""
-    tensors = list(_tensors(pub.spec))
+    tensors = list(tensor_layout(pub.spec))
     src = Path(workdir) / "source-f16.gguf"
     _write_sparse(pub.spec, tensors, {t.name: _source_type(t) for t in tensors}, src, 1, data=False)
     try:
@@ -137,13 +140,11 @@ def write_published(name: str, out_dir: str | Path, *, llama_quantize: str | Pat
     """Write the published file `name` (a key of PUBLISHED) into out_dir, sparse; return its shard paths."""
     if name not in PUBLISHED:
         raise ValueError(f"unknown published model '{name}': one of {', '.join(PUBLISHED)}")
-    from .tools import tool_path
-
     pub = PUBLISHED[name]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     types = quantized_types(pub, llama_quantize or tool_path("llama-quantize"), out)
-    return _write_sparse(pub.spec, list(_tensors(pub.spec)), types, out / f"{name}.gguf", pub.n_shards, data=True)
+    return _write_sparse(pub.spec, list(tensor_layout(pub.spec)), types, out / f"{name}.gguf", pub.n_shards, data=True)
 
 
 def _cut(sizes: list[int], n_shards: int) -> list[int]:
@@ -155,7 +156,7 @@ def _cut(sizes: list[int], n_shards: int) -> list[int]:
     return out
 
 
-def _write_sparse(spec: SyntheticSpec, tensors: list[_Tensor], types: dict[str, str], path: Path, n_shards: int,
+def _write_sparse(spec: SyntheticSpec, tensors: list[TensorDef], types: dict[str, str], path: Path, n_shards: int,
                   *, data: bool) -> list[Path]:
     import gguf
 
@@ -166,7 +167,7 @@ def _write_sparse(spec: SyntheticSpec, tensors: list[_Tensor], types: dict[str, 
     for i, p in enumerate(paths):
         w = gguf.GGUFWriter(p, spec.arch)
         if i == 0:
-            _add_metadata(w, spec)
+            add_metadata(w, spec)
         if n_shards > 1:
             w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, i)
             w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, n_shards)
@@ -191,11 +192,11 @@ def _write_sparse(spec: SyntheticSpec, tensors: list[_Tensor], types: dict[str, 
     return paths
 
 
-def _data(spec: SyntheticSpec, t: _Tensor, qtype) -> Iterable[tuple[int, bytes]]:
+def _data(spec: SyntheticSpec, t: TensorDef, qtype) -> Iterable[tuple[int, bytes]]:
     """(offset in the tensor, bytes) of the data a sparse file writes for `t`; nothing for a hole."""
     import gguf
 
-    rng = _rng(spec.seed, t.name)
+    rng = rng_for(spec.seed, t.name)
     shape = tuple(reversed(t.shape))  # numpy order
     f32 = qtype == gguf.GGMLQuantizationType.F32
     if t.name == "token_embd.weight":
@@ -215,8 +216,6 @@ def _data(spec: SyntheticSpec, t: _Tensor, qtype) -> Iterable[tuple[int, bytes]]
 def quantize_rows(rows: np.ndarray, qtype) -> bytes:
     """F32 rows [n, ne0] in a ggml type, by the library's ggml (ggml_quantize_chunk), with a flat importance
     matrix for the types that need one."""
-    from ._lib import ffi, lib
-
     n, ne0 = rows.shape
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     out = bytearray(_nbytes((ne0, n), qtype))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .synthetic import SyntheticSpec
-from .synthetic_gguf import _router_fill, _Tensor
+from .synthetic_tensors import TensorDef, router_fill
 
 FAMILIES = ("gpt-oss", "deepseek2", "glm4moe", "llama4", "llama")
 
@@ -37,7 +37,7 @@ def mla_dims(spec: SyntheticSpec) -> tuple[int, int, int, int]:
     return spec.n_embd // 2, spec.n_embd // 2, rope, spec.head_dim - rope
 
 
-def family_tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
+def family_tensors(spec: SyntheticSpec) -> Iterator[TensorDef]:
     """The blocks of one of FAMILIES (token_embd, output_norm and output come before them)."""
     a = spec.arch
     E, Dh, H, Hkv = spec.n_embd, spec.head_dim, spec.n_head, spec.n_head_kv
@@ -47,64 +47,64 @@ def family_tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
     for il in range(spec.n_layer + spec.n_nextn):
         p = f"blk.{il}."
         nextn = il >= spec.n_layer
-        yield _Tensor(p + "attn_norm.weight", (E,), "norm")
+        yield TensorDef(p + "attn_norm.weight", (E,), "norm")
         if a == "deepseek2":
             yield from _mla_tensors(spec, p)
         else:
             biased = a in ("gpt-oss", "glm4moe")
             for name, width in (("attn_q", Dh * H), ("attn_k", Dh * Hkv), ("attn_v", Dh * Hkv)):
-                yield _Tensor(p + name + ".weight", (E, width), "matrix", inv(E))
+                yield TensorDef(p + name + ".weight", (E, width), "matrix", inv(E))
                 if biased:
-                    yield _Tensor(p + name + ".bias", (width,), "custom", fill=_normal(0.1))
-            yield _Tensor(p + "attn_output.weight", (Dh * H, E), "matrix", inv(Dh * H))
+                    yield TensorDef(p + name + ".bias", (width,), "custom", fill=_normal(0.1))
+            yield TensorDef(p + "attn_output.weight", (Dh * H, E), "matrix", inv(Dh * H))
             if a == "gpt-oss":
-                yield _Tensor(p + "attn_output.bias", (E,), "custom", fill=_normal(0.1))
-                yield _Tensor(p + "attn_sinks.weight", (H,), "custom", fill=_normal(1.0))
+                yield TensorDef(p + "attn_output.bias", (E,), "custom", fill=_normal(0.1))
+                yield TensorDef(p + "attn_sinks.weight", (H,), "custom", fill=_normal(1.0))
         post_norm = a in ("gpt-oss", "glm4moe")
-        yield _Tensor(p + ("post_attention_norm.weight" if post_norm else "ffn_norm.weight"), (E,), "norm")
+        yield TensorDef(p + ("post_attention_norm.weight" if post_norm else "ffn_norm.weight"), (E,), "norm")
 
         if il not in moe and not nextn:  # leading dense blocks; llama4's dense blocks
-            yield _Tensor(p + "ffn_gate.weight", (E, spec.n_ff), "matrix", inv(E))
-            yield _Tensor(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
-            yield _Tensor(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
+            yield TensorDef(p + "ffn_gate.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield TensorDef(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield TensorDef(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
             continue
 
-        yield _Tensor(p + "ffn_gate_inp.weight", (E, X), "custom", fill=_router_fill(spec))
+        yield TensorDef(p + "ffn_gate_inp.weight", (E, X), "custom", fill=router_fill(spec))
         if a == "gpt-oss":
-            yield _Tensor(p + "ffn_gate_inp.bias", (X,), "custom", fill=_normal(0.1))
+            yield TensorDef(p + "ffn_gate_inp.bias", (X,), "custom", fill=_normal(0.1))
         if a in ("deepseek2", "glm4moe"):
             # the selection bias shifts which experts win, not their weights
-            yield _Tensor(p + "exp_probs_b.bias", (X,), "custom", fill=_normal(0.05))
-        yield _Tensor(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
-        yield _Tensor(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
-        yield _Tensor(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
+            yield TensorDef(p + "exp_probs_b.bias", (X,), "custom", fill=_normal(0.05))
+        yield TensorDef(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
+        yield TensorDef(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
+        yield TensorDef(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
         if a == "gpt-oss":  # per-expert biases (resident: the library keeps every bias)
-            yield _Tensor(p + "ffn_gate_exps.bias", (F, X), "custom", fill=_normal(0.05))
-            yield _Tensor(p + "ffn_up_exps.bias", (F, X), "custom", fill=_normal(0.05))
-            yield _Tensor(p + "ffn_down_exps.bias", (E, X), "custom", fill=_normal(0.05))
+            yield TensorDef(p + "ffn_gate_exps.bias", (F, X), "custom", fill=_normal(0.05))
+            yield TensorDef(p + "ffn_up_exps.bias", (F, X), "custom", fill=_normal(0.05))
+            yield TensorDef(p + "ffn_down_exps.bias", (E, X), "custom", fill=_normal(0.05))
         if a in ("deepseek2", "glm4moe", "llama4"):  # one shared expert as wide as a routed one
-            yield _Tensor(p + "ffn_gate_shexp.weight", (E, F), "matrix", inv(E))
-            yield _Tensor(p + "ffn_up_shexp.weight", (E, F), "matrix", inv(E))
-            yield _Tensor(p + "ffn_down_shexp.weight", (F, E), "matrix", inv(F))
+            yield TensorDef(p + "ffn_gate_shexp.weight", (E, F), "matrix", inv(E))
+            yield TensorDef(p + "ffn_up_shexp.weight", (E, F), "matrix", inv(E))
+            yield TensorDef(p + "ffn_down_shexp.weight", (F, E), "matrix", inv(F))
         if nextn:
-            yield _Tensor(p + "nextn.eh_proj.weight", (2 * E, E), "matrix", inv(2 * E))
-            yield _Tensor(p + "nextn.enorm.weight", (E,), "norm")
-            yield _Tensor(p + "nextn.hnorm.weight", (E,), "norm")
-            yield _Tensor(p + "nextn.shared_head_norm.weight", (E,), "norm")
+            yield TensorDef(p + "nextn.eh_proj.weight", (2 * E, E), "matrix", inv(2 * E))
+            yield TensorDef(p + "nextn.enorm.weight", (E,), "norm")
+            yield TensorDef(p + "nextn.hnorm.weight", (E,), "norm")
+            yield TensorDef(p + "nextn.shared_head_norm.weight", (E,), "norm")
 
 
-def _mla_tensors(spec: SyntheticSpec, p: str) -> Iterator[_Tensor]:
+def _mla_tensors(spec: SyntheticSpec, p: str) -> Iterator[TensorDef]:
     E, Dh, H = spec.n_embd, spec.head_dim, spec.n_head
     q_lora, kv_lora, rope, nope = mla_dims(spec)
     inv = lambda n: 1.0 / math.sqrt(n)  # noqa: E731
-    yield _Tensor(p + "attn_q_a_norm.weight", (q_lora,), "norm")
-    yield _Tensor(p + "attn_kv_a_norm.weight", (kv_lora,), "norm")
-    yield _Tensor(p + "attn_q_a.weight", (E, q_lora), "matrix", inv(E))
-    yield _Tensor(p + "attn_q_b.weight", (q_lora, H * Dh), "matrix", inv(q_lora))
-    yield _Tensor(p + "attn_kv_a_mqa.weight", (E, kv_lora + rope), "matrix", inv(E))
-    yield _Tensor(p + "attn_k_b.weight", (nope, kv_lora, H), "matrix", inv(nope))
-    yield _Tensor(p + "attn_v_b.weight", (kv_lora, Dh, H), "matrix", inv(kv_lora))
-    yield _Tensor(p + "attn_output.weight", (H * Dh, E), "matrix", inv(H * Dh))
+    yield TensorDef(p + "attn_q_a_norm.weight", (q_lora,), "norm")
+    yield TensorDef(p + "attn_kv_a_norm.weight", (kv_lora,), "norm")
+    yield TensorDef(p + "attn_q_a.weight", (E, q_lora), "matrix", inv(E))
+    yield TensorDef(p + "attn_q_b.weight", (q_lora, H * Dh), "matrix", inv(q_lora))
+    yield TensorDef(p + "attn_kv_a_mqa.weight", (E, kv_lora + rope), "matrix", inv(E))
+    yield TensorDef(p + "attn_k_b.weight", (nope, kv_lora, H), "matrix", inv(nope))
+    yield TensorDef(p + "attn_v_b.weight", (kv_lora, Dh, H), "matrix", inv(kv_lora))
+    yield TensorDef(p + "attn_output.weight", (H * Dh, E), "matrix", inv(H * Dh))
 
 
 def add_family_metadata(w, spec: SyntheticSpec) -> None:

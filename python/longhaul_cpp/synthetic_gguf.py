@@ -8,9 +8,7 @@ spreads tokens over all experts.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,14 +16,12 @@ import numpy as np
 
 from .paths import shard_paths
 from .synthetic import BOS_ID, EOS_ID, N_SPECIAL, N_VOCAB, UNK_ID, SyntheticSpec
+from .synthetic_families import FAMILIES, add_family_metadata, family_tensors
+from .synthetic_tensors import TensorDef, rng_for, router_fill
 from .synthetic_vocab import inkling_vocab, regular_token_count
 
 
 # ---- random tensors ---------------------------------------------------------------------------
-
-def _rng(seed: int, name: str) -> np.random.Generator:
-    return np.random.default_rng([seed, zlib.crc32(name.encode())])
-
 
 def _random_tensor(rng: np.random.Generator, shape: tuple[int, ...], std: float, t: str):
     """numpy-order `shape` (last axis = ggml ne0); returns (array, raw ggml type or None)."""
@@ -57,20 +53,11 @@ def _random_tensor(rng: np.random.Generator, shape: tuple[int, ...], std: float,
     return blocks.reshape(*lead, -1), qtype
 
 
-@dataclasses.dataclass
-class _Tensor:
-    name: str
-    shape: tuple[int, ...]  # ggml ne order
-    kind: str               # "norm" | "matrix" | "expert" | "custom"
-    std: float = 1.0
-    fill: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray] | None = None
-
-
 def _ones(_rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return np.ones(shape, dtype=np.float32)
 
 
-def _tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
+def tensor_layout(spec: SyntheticSpec) -> Iterator[TensorDef]:
     E, Dh, H, Hkv = spec.n_embd, spec.head_dim, spec.n_head, spec.n_head_kv
     X, F, Fs = spec.n_expert, spec.n_ff_exp, spec.n_ff_shexp
     inv = lambda n: 1.0 / math.sqrt(n)  # noqa: E731
@@ -84,96 +71,78 @@ def _tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
             w[regular_token_count():] = 0.0  # unused fillers and the special ids
         return w
 
-    yield _Tensor("token_embd.weight", (E, spec.n_vocab), "matrix", 1.0)
-    yield _Tensor("output_norm.weight", (E,), "norm")
-    yield _Tensor("output.weight", (E, spec.n_vocab), "custom", fill=out_fill)
+    yield TensorDef("token_embd.weight", (E, spec.n_vocab), "matrix", 1.0)
+    yield TensorDef("output_norm.weight", (E,), "norm")
+    yield TensorDef("output.weight", (E, spec.n_vocab), "custom", fill=out_fill)
     if spec.arch == "inkling":
         yield from _inkling_tensors(spec)
         return
-    if spec.arch not in ("qwen35moe", "laguna", "qwen3moe"):
-        from .synthetic_families import family_tensors  # noqa: PLC0415 (it builds on this module)
-
+    if spec.arch in FAMILIES:
         yield from family_tensors(spec)
         return
 
     moe = set(spec.moe_layers())
     for il in range(spec.n_layer):
         p = f"blk.{il}."
-        yield _Tensor(p + "attn_norm.weight", (E,), "norm")
+        yield TensorDef(p + "attn_norm.weight", (E,), "norm")
         recurrent = spec.arch == "qwen35moe" and (il + 1) % spec.full_attention_interval != 0
         if spec.arch == "qwen35moe":
-            yield _Tensor(p + "post_attention_norm.weight", (E,), "norm")
+            yield TensorDef(p + "post_attention_norm.weight", (E,), "norm")
         else:
-            yield _Tensor(p + "ffn_norm.weight", (E,), "norm")
+            yield TensorDef(p + "ffn_norm.weight", (E,), "norm")
 
         if recurrent:
             d_state, n_group, dt_rank = _ssm_dims(spec)
             key_dim, value_dim = d_state * n_group, d_state * dt_rank
             conv_dim = 2 * key_dim + value_dim
-            yield _Tensor(p + "attn_qkv.weight", (E, conv_dim), "matrix", inv(E))
-            yield _Tensor(p + "attn_gate.weight", (E, value_dim), "matrix", inv(E))
-            yield _Tensor(p + "ssm_conv1d.weight", (4, conv_dim), "custom",
+            yield TensorDef(p + "attn_qkv.weight", (E, conv_dim), "matrix", inv(E))
+            yield TensorDef(p + "attn_gate.weight", (E, value_dim), "matrix", inv(E))
+            yield TensorDef(p + "ssm_conv1d.weight", (4, conv_dim), "custom",
                           fill=lambda rng, s: rng.standard_normal(s, dtype=np.float32) * np.float32(0.5))
-            yield _Tensor(p + "ssm_dt.bias", (dt_rank,), "custom",
+            yield TensorDef(p + "ssm_dt.bias", (dt_rank,), "custom",
                           fill=lambda rng, s: rng.uniform(-1.0, 0.0, s).astype(np.float32))
-            yield _Tensor(p + "ssm_a", (dt_rank,), "custom",
+            yield TensorDef(p + "ssm_a", (dt_rank,), "custom",
                           fill=lambda rng, s: -rng.uniform(0.1, 1.0, s).astype(np.float32))
-            yield _Tensor(p + "ssm_alpha.weight", (E, dt_rank), "matrix", inv(E))
-            yield _Tensor(p + "ssm_beta.weight", (E, dt_rank), "matrix", inv(E))
-            yield _Tensor(p + "ssm_norm.weight", (d_state,), "norm")
-            yield _Tensor(p + "ssm_out.weight", (value_dim, E), "matrix", inv(value_dim))
+            yield TensorDef(p + "ssm_alpha.weight", (E, dt_rank), "matrix", inv(E))
+            yield TensorDef(p + "ssm_beta.weight", (E, dt_rank), "matrix", inv(E))
+            yield TensorDef(p + "ssm_norm.weight", (d_state,), "norm")
+            yield TensorDef(p + "ssm_out.weight", (value_dim, E), "matrix", inv(value_dim))
         else:
             q_width = Dh * H * (2 if spec.arch == "qwen35moe" else 1)  # qwen35moe: query + gate
-            yield _Tensor(p + "attn_q.weight", (E, q_width), "matrix", inv(E))
-            yield _Tensor(p + "attn_k.weight", (E, Dh * Hkv), "matrix", inv(E))
-            yield _Tensor(p + "attn_v.weight", (E, Dh * Hkv), "matrix", inv(E))
-            yield _Tensor(p + "attn_output.weight", (Dh * H, E), "matrix", inv(Dh * H))
-            yield _Tensor(p + "attn_q_norm.weight", (Dh,), "norm")
-            yield _Tensor(p + "attn_k_norm.weight", (Dh,), "norm")
+            yield TensorDef(p + "attn_q.weight", (E, q_width), "matrix", inv(E))
+            yield TensorDef(p + "attn_k.weight", (E, Dh * Hkv), "matrix", inv(E))
+            yield TensorDef(p + "attn_v.weight", (E, Dh * Hkv), "matrix", inv(E))
+            yield TensorDef(p + "attn_output.weight", (Dh * H, E), "matrix", inv(Dh * H))
+            yield TensorDef(p + "attn_q_norm.weight", (Dh,), "norm")
+            yield TensorDef(p + "attn_k_norm.weight", (Dh,), "norm")
             if spec.arch == "laguna":
-                yield _Tensor(p + "attn_gate.weight", (E, H), "matrix", inv(E))  # per-head output gate
+                yield TensorDef(p + "attn_gate.weight", (E, H), "matrix", inv(E))  # per-head output gate
 
         if il not in moe:  # laguna's leading dense blocks
-            yield _Tensor(p + "ffn_gate.weight", (E, spec.n_ff), "matrix", inv(E))
-            yield _Tensor(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
-            yield _Tensor(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
+            yield TensorDef(p + "ffn_gate.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield TensorDef(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield TensorDef(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
             continue
 
-        yield _Tensor(p + "ffn_gate_inp.weight", (E, X), "custom", fill=_router_fill(spec))
+        yield TensorDef(p + "ffn_gate_inp.weight", (E, X), "custom", fill=router_fill(spec))
         if spec.arch == "laguna":
-            yield _Tensor(p + "exp_probs_b.bias", (X,), "custom", fill=lambda rng, s: np.zeros(s, dtype=np.float32))
+            yield TensorDef(p + "exp_probs_b.bias", (X,), "custom", fill=lambda rng, s: np.zeros(s, dtype=np.float32))
         if spec.merged_gate_up:
-            yield _Tensor(p + "ffn_gate_up_exps.weight", (E, 2 * F, X), "expert", inv(E))
+            yield TensorDef(p + "ffn_gate_up_exps.weight", (E, 2 * F, X), "expert", inv(E))
         else:
-            yield _Tensor(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
-            yield _Tensor(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
-        yield _Tensor(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
+            yield TensorDef(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
+            yield TensorDef(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
+        yield TensorDef(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
         if spec.arch in ("qwen35moe", "laguna"):
             if spec.arch == "qwen35moe":
-                yield _Tensor(p + "ffn_gate_inp_shexp.weight", (E,), "custom",
+                yield TensorDef(p + "ffn_gate_inp_shexp.weight", (E,), "custom",
                               fill=lambda rng, s: rng.standard_normal(s, dtype=np.float32) * np.float32(inv(E)))
-            yield _Tensor(p + "ffn_gate_shexp.weight", (E, Fs), "matrix", inv(E))
-            yield _Tensor(p + "ffn_up_shexp.weight", (E, Fs), "matrix", inv(E))
-            yield _Tensor(p + "ffn_down_shexp.weight", (Fs, E), "matrix", inv(Fs))
+            yield TensorDef(p + "ffn_gate_shexp.weight", (E, Fs), "matrix", inv(E))
+            yield TensorDef(p + "ffn_up_shexp.weight", (E, Fs), "matrix", inv(E))
+            yield TensorDef(p + "ffn_down_shexp.weight", (Fs, E), "matrix", inv(Fs))
 
 
-def _router_fill(spec: SyntheticSpec) -> Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]:
-    """Router rows ~ N(0, 1/n_embd); with router_skew > 0, row e is scaled by (1 + rank_e) ** -skew
-    (ranks a random permutation per layer), so a few experts win the top-k far more often:
-    a Zipf-like popularity instead of uniform routing."""
-    inv_e = np.float32(1.0 / math.sqrt(spec.n_embd))
-
-    def fill(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-        w = rng.standard_normal(shape, dtype=np.float32) * inv_e
-        if spec.router_skew > 0:
-            rank = rng.permutation(shape[0])
-            w *= ((1.0 + rank) ** -spec.router_skew).astype(np.float32)[:, None]
-        return w
-
-    return fill
-
-
-def _inkling_tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
+def _inkling_tensors(spec: SyntheticSpec) -> Iterator[TensorDef]:
     """Inkling's blocks, with the public GGUF tensor names (see ../shared/notes/inkling.md)."""
     E, Dh, H, Hkv = spec.n_embd, spec.head_dim, spec.n_head, spec.n_head_kv
     X, F, Fs, R = spec.n_expert, spec.n_ff_exp, spec.n_ff_shexp, spec.d_rel
@@ -185,39 +154,39 @@ def _inkling_tensors(spec: SyntheticSpec) -> Iterator[_Tensor]:
     def around_one(rng: np.random.Generator, s: tuple[int, ...]) -> np.ndarray:
         return (1.0 + 0.2 * rng.standard_normal(s)).astype(np.float32)  # norms: not all ones
 
-    yield _Tensor("token_embd_norm.weight", (E,), "custom", fill=around_one)
+    yield TensorDef("token_embd_norm.weight", (E,), "custom", fill=around_one)
     moe = set(spec.moe_layers())
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         extent = spec.rel_extent_swa if spec.is_swa(il) else spec.rel_extent
-        yield _Tensor(p + "attn_norm.weight", (E,), "custom", fill=around_one)
-        yield _Tensor(p + "attn_q.weight", (E, H * Dh), "matrix", inv(E))
-        yield _Tensor(p + "attn_k.weight", (E, Hkv * Dh), "matrix", inv(E))
-        yield _Tensor(p + "attn_v.weight", (E, Hkv * Dh), "matrix", inv(E))
-        yield _Tensor(p + "attn_r.weight", (E, H * R), "matrix", inv(E))
-        yield _Tensor(p + "attn_output.weight", (H * Dh, E), "matrix", inv(H * Dh))
-        yield _Tensor(p + "attn_q_norm.weight", (Dh,), "custom", fill=around_one)
-        yield _Tensor(p + "attn_k_norm.weight", (Dh,), "custom", fill=around_one)
+        yield TensorDef(p + "attn_norm.weight", (E,), "custom", fill=around_one)
+        yield TensorDef(p + "attn_q.weight", (E, H * Dh), "matrix", inv(E))
+        yield TensorDef(p + "attn_k.weight", (E, Hkv * Dh), "matrix", inv(E))
+        yield TensorDef(p + "attn_v.weight", (E, Hkv * Dh), "matrix", inv(E))
+        yield TensorDef(p + "attn_r.weight", (E, H * R), "matrix", inv(E))
+        yield TensorDef(p + "attn_output.weight", (H * Dh, E), "matrix", inv(H * Dh))
+        yield TensorDef(p + "attn_q_norm.weight", (Dh,), "custom", fill=around_one)
+        yield TensorDef(p + "attn_k_norm.weight", (Dh,), "custom", fill=around_one)
         # a strong bias (scores are q.k / head_dim): the band visibly changes the attention
-        yield _Tensor(p + "attn_rel_proj.weight", (extent, R), "custom", fill=normal(2.0 * inv(R)))
+        yield TensorDef(p + "attn_rel_proj.weight", (extent, R), "custom", fill=normal(2.0 * inv(R)))
         for name, width in (("k", Hkv * Dh), ("v", Hkv * Dh), ("attn", E), ("mlp", E)):
-            yield _Tensor(p + f"shortconv_{name}.weight", (4, width), "custom", fill=normal(0.3))
-        yield _Tensor(p + "ffn_norm.weight", (E,), "custom", fill=around_one)
-        yield _Tensor(p + "ffn_gscale.weight", (1,), "custom",
+            yield TensorDef(p + f"shortconv_{name}.weight", (4, width), "custom", fill=normal(0.3))
+        yield TensorDef(p + "ffn_norm.weight", (E,), "custom", fill=around_one)
+        yield TensorDef(p + "ffn_gscale.weight", (1,), "custom",
                       fill=lambda rng, s: rng.uniform(0.5, 1.5, s).astype(np.float32))
         if il not in moe:  # leading dense blocks
-            yield _Tensor(p + "ffn_gate.weight", (E, spec.n_ff), "matrix", inv(E))
-            yield _Tensor(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
-            yield _Tensor(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
+            yield TensorDef(p + "ffn_gate.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield TensorDef(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
+            yield TensorDef(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
             continue
-        yield _Tensor(p + "ffn_gate_inp.weight", (E, X + 2), "custom", fill=_router_fill(spec))
-        yield _Tensor(p + "exp_probs_b.bias", (X,), "custom", fill=normal(0.05))
-        yield _Tensor(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
-        yield _Tensor(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
-        yield _Tensor(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
-        yield _Tensor(p + "ffn_gate_shexps.weight", (E, Fs, 2), "matrix", inv(E))
-        yield _Tensor(p + "ffn_up_shexps.weight", (E, Fs, 2), "matrix", inv(E))
-        yield _Tensor(p + "ffn_down_shexps.weight", (Fs, E, 2), "matrix", inv(Fs))
+        yield TensorDef(p + "ffn_gate_inp.weight", (E, X + 2), "custom", fill=router_fill(spec))
+        yield TensorDef(p + "exp_probs_b.bias", (X,), "custom", fill=normal(0.05))
+        yield TensorDef(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
+        yield TensorDef(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
+        yield TensorDef(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
+        yield TensorDef(p + "ffn_gate_shexps.weight", (E, Fs, 2), "matrix", inv(E))
+        yield TensorDef(p + "ffn_up_shexps.weight", (E, Fs, 2), "matrix", inv(E))
+        yield TensorDef(p + "ffn_down_shexps.weight", (Fs, E, 2), "matrix", inv(Fs))
 
 
 def _ssm_dims(spec: SyntheticSpec) -> tuple[int, int, int]:
@@ -233,7 +202,7 @@ CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['ro
                    "{% endif %}")
 
 
-def _add_metadata(w, spec: SyntheticSpec) -> None:
+def add_metadata(w, spec: SyntheticSpec) -> None:
     import gguf
 
     a = spec.arch
@@ -296,9 +265,7 @@ def _add_metadata(w, spec: SyntheticSpec) -> None:
         w.add_uint32(f"{a}.log_scaling_n_floor", 128000)
         w.add_float32(f"{a}.log_scaling_alpha", 0.1)
 
-    if a not in ("qwen35moe", "laguna", "qwen3moe", "inkling"):
-        from .synthetic_families import add_family_metadata  # noqa: PLC0415
-
+    if a in FAMILIES:
         add_family_metadata(w, spec)
 
     # llama_ftype of the bulk of the weights (the routed experts), for the model description
@@ -338,7 +305,7 @@ def _add_inkling_tokenizer(w, spec: SyntheticSpec) -> None:
     w.add_add_eos_token(False)
 
 
-def _tensor_type(spec: SyntheticSpec, t: _Tensor) -> str:
+def _tensor_type(spec: SyntheticSpec, t: TensorDef) -> str:
     """The type a weight is written in: the expert type for routed banks, else the weight type, F32 where a
     block type does not divide the rows (deepseek2's per-head k_b)."""
     ty = spec.expert_type if t.kind == "expert" else spec.weight_type
@@ -354,16 +321,16 @@ def make_model(spec: SyntheticSpec, path: str | Path, *, n_shards: int = 1,
     import gguf
 
     spec.validate()
-    tensors = list(_tensors(spec))
+    tensors = list(tensor_layout(spec))
     if not 1 <= n_shards <= len(tensors):
         raise ValueError(f"n_shards must be between 1 and {len(tensors)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     per_shard = math.ceil(len(tensors) / n_shards) if n_shards > 1 else 0
     w = gguf.GGUFWriter(path, spec.arch, split_max_tensors=per_shard)
-    _add_metadata(w, spec)
+    add_metadata(w, spec)
     for i, t in enumerate(tensors):
-        rng = _rng(spec.seed, t.name)
+        rng = rng_for(spec.seed, t.name)
         shape = tuple(reversed(t.shape))  # numpy order
         if t.kind == "norm":
             arr, raw = _ones(rng, shape), None

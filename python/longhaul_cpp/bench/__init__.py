@@ -8,11 +8,12 @@ timed runs) and, from the outside, the process's peak RSS, the bytes it read fro
 Results: results.json, results.md and (with matplotlib) results.png. See docs/benchmark.md.
 
 Modules: config (models, scenarios, BenchConfig), results (Run), models (the benchmark models),
-process (one measured process, memory caps, the page cache), disk (read bandwidth), runner (the
-scenarios), analysis (targets, time split), report (the files).
+process (one measured process, memory caps), runner (the scenarios; the disk's bandwidth and the page
+cache come from longhaul_cpp.disk), analysis (targets, time split), report (the files).
 """
 from .config import BENCH_MODELS, ROUTINGS, SCENARIOS, BenchConfig, BenchError, parse_fractions
-from .process import MemoryCap, ProcResult, drop_page_cache, run_process
+from ..disk import drop_page_cache
+from .process import MemoryCap, ProcResult, run_process
 from .report import rewrite_reports, write_reports
 from .results import Run
 from .runner import run_bench

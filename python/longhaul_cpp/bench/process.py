@@ -98,16 +98,6 @@ class MemoryCap:
                     time.sleep(0.1)
 
 
-def drop_page_cache() -> None:
-    """Write back and drop the page cache (root only): the next reads come from the disk."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as e:
-        raise BenchError(f"cannot drop the page cache ({e}): cold measurements need root; "
-                         "leave them out with --no-cold") from e
-
-
 def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float | None = None,
                 env: dict[str, str] | None = None) -> ProcResult:
     """Run argv (with these environment variables added to this process's), return its exit, peak RSS, storage

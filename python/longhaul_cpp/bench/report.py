@@ -33,7 +33,7 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append("")
     if "sweep_env" in res:
         env = res["sweep_env"]
-        lines += [f"The sweep's runs (and the planner's recorded run) read experts "
+        lines += ["The sweep's runs (and the planner's recorded run) read experts "
                   + (f"with {env_text(env)}: from the storage, as for a model that "
                      "does not fit in memory." if env else
                      "as the library chose (LLAMA_LONGHAUL_DIRECT was set by the user)."), ""]

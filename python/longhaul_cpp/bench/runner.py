@@ -9,15 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from .._lib import LlamaError
+from ..disk import drop_page_cache, read_bandwidth
 from ..longhaul import gib_arg, library_env
 from ..model import fit_longhaul_cache
 from ..modelinfo import ModelInfo, inspect_model
+from ..plan import predict, random_prompt, record_run
 from ..tools import tool_path
 from .analysis import analyse
 from .config import BENCH_MODELS, GIB, MIB, BenchConfig, BenchError, env_text
-from .disk import read_bandwidth
 from .models import bench_model
-from .process import MemoryCap, drop_page_cache, machine, run_process, warm_page_cache
+from .process import MemoryCap, machine, run_process, warm_page_cache
 from .results import Run
 
 _LM = {"normal": "none", "mmap": "mmap", "longhaul": "longhaul"}  # llama-bench -lm of each load
@@ -143,8 +144,6 @@ def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchCon
     tokens one at a time, read as the sweep reads): one run recorded at n_expert_used slots per layer, its
     predicted t/s at each budget, with `bandwidth` (the bound's probe: the sweep's reads are the probe's,
     random O_DIRECT reads of expert slices) or without a probe the recorded run's own read rate."""
-    from ..plan import predict, random_prompt, record_run
-
     prompt = random_prompt(model, cfg.n_prompt)
     if cfg.cold:
         drop_page_cache()

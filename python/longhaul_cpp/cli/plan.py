@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"run at {size_text(r.budget)}: {name} {ph.n_tokens} tokens in {ph.seconds:.2f} s, waited "
                   f"{ph.wait_s:.2f} s of {ph.read_s:.2f} s of reads, {ph.bytes_read / MIB:.1f} MiB read")
     if r.n_gen:
-        print(f"a generated token with every expert it selects cached: "
+        print("a generated token with every expert it selects cached: "
               + (f"{r.hit_s * 1e3:.1f} ms" if r.hit_s is not None else
                  "not measured (fewer slots than a token selects: every budget is predicted at the run's cost "
                  "per token)"))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..disk import DiskError, drop_page_cache, read_bandwidth
 from ..modelinfo import ModelInfo, inspect_model
 from .predict import BudgetRow, PhaseModel, knee, predict, replay
 from .record import PhaseRun, RecordedRun, random_prompt, record_run
@@ -37,16 +38,12 @@ class Plan:
 
 
 def measure_bandwidth(path: Path, threads: int) -> tuple[float, str]:
-    """The disk's bandwidth for expert-sized random reads (longhaul_cpp.bench.disk), cold when the page cache
+    """The disk's bandwidth for expert-sized random reads (longhaul_cpp.disk), cold when the page cache
     can be dropped (root); else the reads may come from the page cache, which the source says."""
-    from ..bench.disk import read_bandwidth
-    from ..bench.process import drop_page_cache
-    from ..bench.config import BenchError
-
     try:
         drop_page_cache()
         dropped = True
-    except BenchError:
+    except DiskError:
         dropped = False
     bw = read_bandwidth(path, threads=threads, drop=False)  # dropped just now, or it cannot be
     src = (f"measured: random {bw['slice_bytes'] / 1024:.0f} KiB expert reads, {int(bw['threads'])} at a time, "

@@ -1,4 +1,5 @@
-"""The disk's bandwidth for the reads longhaul makes: random positional reads of expert slices."""
+"""The disk as longhaul reads it (one home for the bench and the planner): the bandwidth of random positional
+reads of expert slices, and dropping the page cache for cold measurements."""
 from __future__ import annotations
 
 import mmap
@@ -8,9 +9,23 @@ import threading
 import time
 from pathlib import Path
 
-from ..paths import shard_list
-from .config import MIB, BenchError
-from .process import drop_page_cache
+from .paths import shard_list
+
+MIB = 2**20
+
+
+class DiskError(RuntimeError):
+    """A disk measurement that cannot be made (no expert banks, a short read, no permission to drop the cache)."""
+
+
+def drop_page_cache() -> None:
+    """Write back and drop the page cache (root only): the next reads come from the disk."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        raise DiskError(f"cannot drop the page cache ({e}): cold measurements need root; "
+                        "leave them out with --no-cold") from e
 
 
 def expert_slices(path: Path) -> tuple[list[tuple[Path, int]], int]:
@@ -63,7 +78,7 @@ def _read_pass(pick: list[tuple[Path, int]], size: int, threads: int, direct: bo
                 n = -(-(off + size - a0) // ALIGN) * ALIGN if d else size
                 got = os.preadv(fd, [memoryview(buf)[:n]], a0)
                 if got < off + size - a0:
-                    raise BenchError(f"short read of {p} at {off}")
+                    raise DiskError(f"short read of {p} at {off}")
         finally:
             buf.close()
 
@@ -88,7 +103,7 @@ def read_bandwidth(path: Path, *, threads: int, total: int = 768 * MIB, seed: in
     faster of the two, makes the bound."""
     slices, size = expert_slices(path)
     if not slices:
-        raise BenchError(f"{path} has no routed expert banks")
+        raise DiskError(f"{path} has no routed expert banks")
     rnd = random.Random(seed)
     pick = rnd.sample(slices, min(len(slices), max(1, total // size)))
     if drop:
