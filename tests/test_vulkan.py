@@ -158,3 +158,16 @@ def test_normal_vulkan_load_still_works(vulkan_bin, make_model, tmp_path) -> Non
     gpu, gpu_logits = _probe(vulkan_bin, model, tmp_path, device=True, ngl=99, n_predict=0)
     assert gpu["n_prompt"] == cpu["n_prompt"] >= 64
     _close(gpu_logits, cpu_logits)
+
+
+def test_auto_sizes_the_device_memory(vulkan_bin, make_model) -> None:
+    """Every layer on the Vulkan device: `auto` sizes the budget against that device's free memory (the slots are
+    there), not the host's, and says so; the load runs."""
+    model = make_model(**SPEC)[0]
+    r = subprocess.run([str(vulkan_bin / "llama-completion"), "-m", str(model), "-p", "hi", "-n", "2", "-no-cnv", "-v",
+                        "-ngl", "99", "-fa", "off", "--longhaul", "--longhaul-cache", "auto"],
+                       capture_output=True, text=True, timeout=300, env=_env(vulkan_bin, True), stdin=subprocess.DEVNULL)
+    err = r.stdout + r.stderr
+    assert r.returncode == 0, err[-3000:]
+    assert "the free memory of device Vulkan0, where the layers are" in err, err[-3000:]
+    assert "--longhaul-cache auto chose" in err
