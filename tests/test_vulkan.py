@@ -166,7 +166,8 @@ def test_auto_sizes_the_device_memory(vulkan_bin, make_model) -> None:
     model = make_model(**SPEC)[0]
     r = subprocess.run([str(vulkan_bin / "llama-completion"), "-m", str(model), "-p", "hi", "-n", "2", "-no-cnv", "-v",
                         "-ngl", "99", "-fa", "off", "--longhaul", "--longhaul-cache", "auto"],
-                       capture_output=True, text=True, timeout=300, env=_env(vulkan_bin, True), stdin=subprocess.DEVNULL)
+                       capture_output=True, text=True, errors="replace", timeout=300, env=_env(vulkan_bin, True),
+                       stdin=subprocess.DEVNULL)
     err = r.stdout + r.stderr
     assert r.returncode == 0, err[-3000:]
     assert "the free memory of device Vulkan0, where the layers are" in err, err[-3000:]
