@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import logits_and_greedy, run, upstream_bin_dir
-from longhaul_cpp import LlamaError, LoadMode, Model
-from longhaul_cpp.longhaul import library_env
+from longhaul_cpp import LlamaError, LoadMode, LonghaulFlag, Model
 from longhaul_cpp.modelinfo import inspect_model
 
 BIN = upstream_bin_dir()
@@ -156,10 +155,10 @@ def check_arch(arch: str, path: Path, ran: list[str], refused: list[str], prefet
         what = f"{arch} at {name} ({n_slots} slots)"
         expected = NO_BANKS if not info.expert_bytes else NON_CAUSAL if n_slots < k else None
         budget = info.budget_for(n_slots) or 2**20
-        env = {"LLAMA_LONGHAUL_PREFETCH": "1" if name.endswith("prefetch") else "0"}
+        flags = LonghaulFlag.PREFETCH if name.endswith("prefetch") else LonghaulFlag(0)
         try:
-            with library_env(env):
-                ids, logits, eff, st = greedy(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B")
+            ids, logits, eff, st = greedy(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B",
+                                          longhaul_flags=flags)
         except LlamaError as e:
             ok = expected and re.search(expected, str(e)) and "--longhaul-cache" not in str(e)  # Python's words
             (refused if ok else failures).append(f"{what}: {e}")

@@ -68,11 +68,11 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     # the sweep reads its experts from the storage even with the page cache warm (--no-cold warms the model
     # file before each run), as for a model that does not fit in memory: the process read at least the timed
     # runs' expert bytes from the disk (buffered reads would find them in the page cache: checked by hand with
-    # LLAMA_LONGHAUL_DIRECT=0; not asserted on the normal runs, whose page cache another root process on the
+    # --sweep-direct-io off; not asserted on the normal runs, whose page cache another root process on the
     # machine may drop)
     sweep = [x for x in runs if x["scenario"] == "sweep"]
-    assert res["sweep_env"] == ({} if "LLAMA_LONGHAUL_DIRECT" in os.environ else {"LLAMA_LONGHAUL_DIRECT": "1"})
-    if res["sweep_env"] and _direct_ok(model):
+    assert res["sweep_direct_io"] == "on"
+    if _direct_ok(model):
         reads = [x for x in sweep if x["fraction"] == 0.25]
         assert all(x["disk_gib_read"] >= x["expert_gib_read"] > 0 for x in reads), reads
     # the planner's prediction for each sweep run, and its error as a target
@@ -155,7 +155,7 @@ def test_reads_bypass_the_page_cache_only_under_a_memory_limit(make_model) -> No
     model = make_model(**dataclasses.asdict(spec))[0]
     argv = [str(tool_path("llama-completion")), "-m", str(model), "-p", "hi", "-n", "2", "-no-cnv", "-t", "2",
             "--no-warmup", "-c", "256", "-v", "--longhaul", "--longhaul-cache", str(spec.budget_for(1) / 2**30)]
-    env = {k: v for k, v in os.environ.items() if k != "LLAMA_LONGHAUL_DIRECT"}
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_ARG_LONGHAUL_DIRECT_IO"}
     free = subprocess.run(argv, capture_output=True, encoding="utf-8", errors="replace", env=env, timeout=300)
     assert free.returncode == 0, free.stderr[-2000:]
     assert "0 of 1 shard(s) read with O_DIRECT" in free.stderr  # plenty of memory: the page cache helps

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longhaul_cpp import LoadMode, Model, SyntheticSpec
+from longhaul_cpp import LoadMode, LonghaulFlag, Model, SyntheticSpec
 from longhaul_cpp.model import fit_longhaul_cache
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.plan import record_run, replay
@@ -63,7 +63,7 @@ def _logits(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, int
 
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("arch", list(SPECS))
-def test_family_equals_normal_load(family_model, arch, shards, monkeypatch) -> None:
+def test_family_equals_normal_load(family_model, arch, shards) -> None:
     path = family_model(arch, shards)
     info = inspect_model(path)
     spec = SPECS[arch]
@@ -79,11 +79,8 @@ def test_family_equals_normal_load(family_model, arch, shards, monkeypatch) -> N
     runs = [("all", spec.n_expert, False), ("2k", 2 * k, False), ("2k+prefetch", 2 * k, True), ("k", k, False),
             ("k-1", k - 1, False), ("1", 1, False)]
     for name, slots, prefetch in runs:
-        if prefetch:
-            monkeypatch.setenv("LLAMA_LONGHAUL_PREFETCH", "1")
-        ids, logits, eff = _logits(path, N_UBATCH, load_mode=LoadMode.LONGHAUL,
-                                   longhaul_cache=f"{info.budget_for(slots)}B")
-        monkeypatch.delenv("LLAMA_LONGHAUL_PREFETCH", raising=False)
+        ids, logits, eff = _logits(path, N_UBATCH, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{info.budget_for(slots)}B",
+                                   longhaul_flags=LonghaulFlag.PREFETCH if prefetch else LonghaulFlag(0))
         assert eff == (1 if slots < k else info.effective_ubatch(info.budget_for(slots), N_UBATCH)), name
         if eff not in normal:
             normal[eff] = _logits(path, eff, load_mode=LoadMode.NONE)[:2]

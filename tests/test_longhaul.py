@@ -18,7 +18,8 @@ import shutil
 import numpy as np
 import pytest
 
-from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, lib, parse_cache_size, plain_expert_banks
+from longhaul_cpp import LlamaError, LoadMode, LonghaulFlag, Model, SyntheticSpec, lib, parse_cache_size, plain_expert_banks
+from longhaul_cpp.longhaul import failing_read
 from longhaul_cpp._lib import ffi
 from longhaul_cpp.modelinfo import expert_waves, wave_syncs
 
@@ -54,6 +55,7 @@ def run_greedy(path, n_ubatch: int, text: str = PROMPT, **model_kw) -> tuple[lis
         info = {"n_ubatch": eff, "n_prompt": len(prompt)}
         if m.is_longhaul:
             info["stats"] = m.longhaul_stats()
+            info["flags"] = m.longhaul_flags
         return ids, ctx.logits().copy(), info
 
 
@@ -62,7 +64,7 @@ def reference(path, n_ubatch: int, *, bufts: str = "plain") -> tuple[list[int], 
     """The normal load with longhaul's kernels, once per (model, n_ubatch, bufts): greedy ids and last logits.
     `bufts`: "plain" (use_extra_bufts=False: plain kernels everywhere), "default" (the CPU's optimized
     buffer types, expert banks repacked where it repacks them), "plain_experts" (default, but the expert
-    banks kept plain: LLAMA_LONGHAUL_PLAIN_EXPERTS)."""
+    banks kept plain: plain_expert_banks())."""
     with plain_expert_banks() if bufts == "plain_experts" else contextlib.nullcontext():
         ids, logits, _ = run_greedy(path, n_ubatch, load_mode=LoadMode.NONE, use_extra_bufts=bufts != "plain")
     logits.flags.writeable = False  # shared between tests
@@ -109,7 +111,7 @@ REPACK_TYPES = [("qwen3moe", "q4_0", {}), ("qwen35moe", "q4_0", {"merged_gate_up
 @pytest.mark.parametrize("arch,et,extra", REPACK_TYPES, ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("slots", ["all", "2k", "k", "staged", "1", "2k direct", "staged direct"])
-def test_longhaul_equals_default_load(make_model, caplog, monkeypatch, arch, et, extra, shards, slots) -> None:
+def test_longhaul_equals_default_load(make_model, caplog, arch, et, extra, shards, slots) -> None:
     """Default buffer types (the CPU's repacked layouts on): where a normal load repacks an expert bank,
     longhaul's slots take the same layout (each expert converted as it is read), so both run the same
     kernels on any CPU: token ids and logits bit-exact, in waves and in stages too; also with the reads
@@ -117,11 +119,13 @@ def test_longhaul_equals_default_load(make_model, caplog, monkeypatch, arch, et,
     spec = dataclasses.replace(spec_of(arch, et, extra), weight_type="q4_0")
     paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
     k = spec.n_expert_used
+    flags = LonghaulFlag(0)
     if slots.endswith(" direct"):
-        monkeypatch.setenv("LLAMA_LONGHAUL_DIRECT", "1")
+        flags = LonghaulFlag.DIRECT_IO
         slots = slots.split()[0]
     n_slots = {"all": spec.n_expert, "2k": 2 * k, "k": k, "staged": k - 1, "1": 1}[slots]
-    ids, logits, info = run_greedy(paths[0], 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, n_slots))
+    ids, logits, info = run_greedy(paths[0], 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, n_slots),
+                                   longhaul_flags=flags)
     ref_ids, ref_logits = reference(paths[0], info["n_ubatch"], bufts="default")
     assert ids == ref_ids
     np.testing.assert_array_equal(logits, ref_logits)
@@ -137,7 +141,7 @@ def test_longhaul_equals_default_load(make_model, caplog, monkeypatch, arch, et,
 @pytest.mark.parametrize("arch,et,extra", REPACK_TYPES[:2], ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize("slots", ["all", "2k", "staged"])
 def test_plain_expert_banks_in_both_loads(make_model, caplog, arch, et, extra, slots) -> None:
-    """LLAMA_LONGHAUL_PLAIN_EXPERTS=1 keeps the routed experts plain in any load (banks of a normal load,
+    """plain_expert_banks() (a test hook of the library) keeps the routed experts plain in any load (banks of a normal load,
     slots of longhaul) while the resident weights stay repacked: bit-exact too, nothing converted."""
     spec = dataclasses.replace(spec_of(arch, et, extra), weight_type="q4_0")
     path = make_model(**dataclasses.asdict(spec))[0]
@@ -304,25 +308,25 @@ def test_truncated_shard_fails_the_decode_not_the_process(make_model, tmp_path) 
             assert list(ctx.greedy(m.tokenize(PROMPT), N_GEN)) == ref
 
 
-def test_failed_read_is_retried_once(make_model, monkeypatch) -> None:
-    """A read that fails once (LLAMA_LONGHAUL_FAIL_READ=N injects an error into the N-th read) is read
-    again: the decode succeeds, the output is a clean run's, and the stats count the retry."""
+def test_failed_read_is_retried_once(make_model) -> None:
+    """A read that fails once (failing_read(N) injects an error into the N-th read) is read again: the decode
+    succeeds, the output is a clean run's, and the stats count the retry."""
     spec = spec_of("qwen3moe", "q8_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
     budget = budget_for(spec, spec.n_expert)
     ref, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
-    monkeypatch.setenv("LLAMA_LONGHAUL_FAIL_READ", "5")
-    ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    with failing_read(5):
+        ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
     assert ids == ref
     st = info["stats"].total
     # the slices of the failed read are read again: whole experts (gate, up, down); one expert's 3 slices
     # with buffered reads (no memory limit here), the adjacent experts read together with it with O_DIRECT
     assert st.n_retries > 0 and st.n_retries % 3 == 0 and st.n_reads == st.n_misses * 3 + st.n_retries
-    assert st.n_retries == 3 or os.environ.get("LLAMA_LONGHAUL_DIRECT") == "1"
+    assert st.n_retries == 3 or info["flags"] & LonghaulFlag.DIRECT_IO
 
 
 @pytest.mark.parametrize("slots", ["all", "k"])
-def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path, monkeypatch, slots) -> None:
+def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path, slots) -> None:
     """A read that fails twice fails the decode: LlamaError and llama_model_longhaul_error carry the file
     and offset; the syncs after the failed one read nothing; the next decode starts clean. Also when the
     prompt runs in pipelined expert waves (k slots), whose reads fail while a wave computes."""
@@ -331,9 +335,8 @@ def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path, monkeyp
     for p in paths:
         shutil.copy(p, tmp_path / p.name)
     budget = budget_for(spec, spec.n_expert if slots == "all" else spec.n_expert_used)
-    if slots == "k":
-        monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "1")
-    with Model(tmp_path / paths[0].name, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget) as m:
+    flags = LonghaulFlag.PIPELINE if slots == "k" else LonghaulFlag(0)
+    with Model(tmp_path / paths[0].name, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, longhaul_flags=flags) as m:
         with m.context(n_ctx=512, n_threads=2) as ctx:
             assert m.longhaul_error() == ""
             for p in paths[1:]:
@@ -356,16 +359,16 @@ def test_failed_read_fails_the_decode_and_says_why(make_model, tmp_path, monkeyp
     assert ids == ref  # nothing of the failed decode is used (slots of failed reads are never hits)
 
 
-def test_failed_read_in_a_pipelined_wave_is_retried(make_model, monkeypatch) -> None:
+def test_failed_read_in_a_pipelined_wave_is_retried(make_model) -> None:
     """A read that fails while an expert wave computes (the next wave's, started by the wave's sync) is
     retried when the next wave's sync waits for it: the output is a clean run's."""
     spec = spec_of("qwen3moe", "q8_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
     budget = budget_for(spec, spec.n_expert_used)  # waves of k / 2 experts: wave 0 reads 2 x 3 slices at once
-    monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "1")
-    ref, _, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
-    monkeypatch.setenv("LLAMA_LONGHAUL_FAIL_READ", "8")  # in wave 1's reads, started while wave 0 computes
-    ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    kw = dict(load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, longhaul_flags=LonghaulFlag.PIPELINE)
+    ref, _, _ = run_greedy(path, 512, **kw)
+    with failing_read(8):  # in wave 1's reads, started while wave 0 computes
+        ids, _, info = run_greedy(path, 512, **kw)
     assert ids == ref
     st = info["stats"].total
     assert st.n_retries > 0 and st.t_hidden_s > 0
@@ -500,20 +503,18 @@ def test_rss_stays_within_resident_weights_plus_budget(make_model, tmp_path) -> 
                                            ("laguna", "f16", {})])
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("slots", ["all", "waves", "staged"])
-def test_forced_staged_writes_equal_normal_load(make_model, monkeypatch, caplog, arch, et, extra, shards, slots) -> None:
-    """LLAMA_LONGHAUL_STAGED=1: slices go through the staging buffer and ggml_backend_tensor_set()."""
+def test_forced_staged_writes_equal_normal_load(make_model, caplog, arch, et, extra, shards, slots) -> None:
+    """LonghaulFlag.STAGED: slices go through the staging buffer and ggml_backend_tensor_set()."""
     import logging
 
     spec = spec_of(arch, et, extra)
     paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
     n_slots = {"all": spec.n_expert, "waves": spec.n_expert_used + 1, "staged": spec.n_expert_used - 1}[slots]
-    monkeypatch.setenv("LLAMA_LONGHAUL_STAGED", "1")
     with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
-        ids, logits, info = run_greedy(paths[0], 512, load_mode=LoadMode.LONGHAUL,
-                                       longhaul_cache=budget_for(spec, n_slots), use_extra_bufts=False)
+        ids, logits, info = run_greedy(paths[0], 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, n_slots),
+                                       use_extra_bufts=False, longhaul_flags=LonghaulFlag.STAGED)
     assert any("written through staging buffers" in r.getMessage() for r in caplog.records)
     assert info["stats"].total.n_misses > 0
-    monkeypatch.delenv("LLAMA_LONGHAUL_STAGED")
     ref_ids, ref_logits = reference(paths[0], info["n_ubatch"])
     assert ids == ref_ids
     np.testing.assert_array_equal(logits, ref_logits)
@@ -529,17 +530,17 @@ def test_direct_writes_by_default(make_model, caplog) -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
-def test_two_pass_decode_overlaps_reads_and_changes_nothing(make_model, monkeypatch, arch) -> None:
+def test_two_pass_decode_overlaps_reads_and_changes_nothing(make_model, arch) -> None:
     """Decode runs each routed layer in two passes: the cached experts compute while the missing ones are
-    read. The same ids and logits as one-pass syncs (LLAMA_LONGHAUL_OVERLAP=0), bit for bit, and the
+    read. The same ids and logits as one-pass syncs (LonghaulFlag.NO_OVERLAP), bit for bit, and the
     library counts read time hidden behind compute only when the passes run."""
     spec = spec_of(arch, "q4_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
     budget = budget_for(spec, 2 * spec.n_expert_used)  # generation keeps missing some experts
-    monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "0")  # the prompt's waves hide nothing
-    ids, logits, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
-    monkeypatch.setenv("LLAMA_LONGHAUL_OVERLAP", "0")
-    ids0, logits0, info0 = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    no_pipe = LonghaulFlag.NO_PIPELINE  # the prompt's waves hide nothing
+    ids, logits, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, longhaul_flags=no_pipe)
+    ids0, logits0, info0 = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget,
+                                      longhaul_flags=no_pipe | LonghaulFlag.NO_OVERLAP)
     assert ids == ids0
     np.testing.assert_array_equal(logits, logits0)
     st, st0 = info["stats"].total, info0["stats"].total
@@ -550,20 +551,21 @@ def test_two_pass_decode_overlaps_reads_and_changes_nothing(make_model, monkeypa
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "inkling"])
 @pytest.mark.parametrize("slots", ["2k", "k"])
-def test_pipelined_waves_overlap_reads_and_change_nothing(make_model, monkeypatch, arch, slots) -> None:
+def test_pipelined_waves_overlap_reads_and_change_nothing(make_model, arch, slots) -> None:
     """A prompt in expert waves: each wave's sync starts reading the next wave's missing experts, which
     then load while the wave computes. The same ids and logits as waves that read when they start
-    (LLAMA_LONGHAUL_PIPELINE=0), bit for bit; read time is hidden only when pipelined; every expert a wave
+    (LonghaulFlag.NO_PIPELINE), bit for bit; read time is hidden only when pipelined; every expert a wave
     needs is read once either way."""
     spec = spec_of(arch, "q8_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
     k = spec.n_expert_used
     budget = budget_for(spec, {"2k": 2 * k, "k": k}[slots])
-    monkeypatch.setenv("LLAMA_LONGHAUL_OVERLAP", "0")  # no two-pass decode: only the waves hide reads
     results = {}
     for pipeline in ("1", "0"):
-        monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", pipeline)
-        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, use_extra_bufts=False) as m, \
+        # no two-pass decode: only the waves hide reads
+        flags = LonghaulFlag.NO_OVERLAP | (LonghaulFlag.PIPELINE if pipeline == "1" else LonghaulFlag.NO_PIPELINE)
+        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, use_extra_bufts=False,
+                   longhaul_flags=flags) as m, \
                 m.context(n_ctx=512, n_threads=2) as ctx:
             prompt = m.tokenize(PROMPT)
             ctx.decode(prompt)  # one ubatch, in waves
@@ -582,17 +584,17 @@ def test_pipelined_waves_overlap_reads_and_change_nothing(make_model, monkeypatc
         assert layer1.n_misses == layer0.n_misses <= spec.n_expert and layer1.n_hits == layer0.n_hits == 0
     assert st1.total.t_hidden_s > 0 and st0.total.t_hidden_s == 0
     # and the whole run (prompt, then decode with its two passes) equals a normal load
-    monkeypatch.setenv("LLAMA_LONGHAUL_PIPELINE", "1")  # (as under a memory limit, where the reads bypass the page cache)
-    monkeypatch.delenv("LLAMA_LONGHAUL_OVERLAP")
+    # (pipelined as under a memory limit, where the reads bypass the page cache)
     ref_ids, ref_logits = reference(path, 512)
-    ids, logits, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, use_extra_bufts=False)
+    ids, logits, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, use_extra_bufts=False,
+                                longhaul_flags=LonghaulFlag.PIPELINE)
     assert ids == ref_ids
     np.testing.assert_array_equal(logits, ref_logits)
 
 
 @pytest.mark.parametrize("direct", ["1", "0"])
-def test_waves_are_pipelined_when_reads_bypass_the_page_cache(make_model, monkeypatch, caplog, direct) -> None:
-    """Without LLAMA_LONGHAUL_PIPELINE the waves are pipelined exactly when the shards are read with O_DIRECT
+def test_waves_are_pipelined_when_reads_bypass_the_page_cache(make_model, caplog, direct) -> None:
+    """Without a pipeline flag the waves are pipelined exactly when the shards are read with O_DIRECT
     (forced here; a file system that refuses O_DIRECT falls back to the page cache, and then they are not):
     the load log says which, and only pipelined waves hide prompt reads."""
     import logging
@@ -600,23 +602,27 @@ def test_waves_are_pipelined_when_reads_bypass_the_page_cache(make_model, monkey
 
     spec = spec_of("qwen3moe", "q8_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
-    monkeypatch.setenv("LLAMA_LONGHAUL_DIRECT", direct)
-    monkeypatch.setenv("LLAMA_LONGHAUL_OVERLAP", "0")  # no two-pass decode: only waves could hide reads
-    monkeypatch.delenv("LLAMA_LONGHAUL_PIPELINE", raising=False)
+    # no two-pass decode: only waves could hide reads
+    flags = LonghaulFlag.NO_OVERLAP | (LonghaulFlag.DIRECT_IO if direct == "1" else LonghaulFlag.NO_DIRECT_IO)
     with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
-        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, spec.n_expert_used)) as m, \
-                m.context(n_ctx=512, n_threads=2) as ctx:
+        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, spec.n_expert_used),
+                   longhaul_flags=flags) as m, m.context(n_ctx=512, n_threads=2) as ctx:
             ctx.decode(m.tokenize(PROMPT))  # one ubatch, in waves
             hidden = m.longhaul_stats().total.t_hidden_s
+            in_effect = m.longhaul_flags
     n_direct = int(re.search(r"longhaul: ([0-9]+) of [0-9]+ shard\(s\) read with O_DIRECT", caplog.text).group(1))
     assert n_direct == 0 or direct == "1"
     pipelined = n_direct > 0
     assert ("expert waves read the next wave's experts while they compute" in caplog.text) == pipelined
     assert ("expert waves read their experts when they start" in caplog.text) == (not pipelined)
     assert (hidden > 0) == pipelined
+    # the library reports its choices: direct I/O as the flag asked (or refused by the file system), waves to match
+    assert in_effect & LonghaulFlag.NO_OVERLAP
+    assert bool(in_effect & LonghaulFlag.DIRECT_IO) == pipelined and bool(in_effect & LonghaulFlag.NO_DIRECT_IO) != pipelined
+    assert bool(in_effect & LonghaulFlag.PIPELINE) == pipelined and bool(in_effect & LonghaulFlag.NO_PIPELINE) != pipelined
 
 
-def test_failed_read_in_flight_is_retried(make_model, monkeypatch) -> None:
+def test_failed_read_in_flight_is_retried(make_model) -> None:
     """A read that fails while the cached experts compute (a decode step's two-pass sync) is retried
     when the second pass waits for it: the output is a clean run's."""
     spec = spec_of("qwen3moe", "q8_0", {})
@@ -626,8 +632,8 @@ def test_failed_read_in_flight_is_retried(make_model, monkeypatch) -> None:
         ctx.decode(m.tokenize(PROMPT))
         n_prompt_reads = m.longhaul_stats().total.n_reads
     ref, _, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
-    monkeypatch.setenv("LLAMA_LONGHAUL_FAIL_READ", str(n_prompt_reads + 2))  # in the first generation step
-    ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    with failing_read(n_prompt_reads + 2):  # in the first generation step
+        ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
     assert ids == ref
     assert info["stats"].total.n_retries == 3 and info["stats"].total.t_hidden_s > 0
 
@@ -639,18 +645,18 @@ PREFETCH_TYPES = [("qwen3moe", "q8_0", {}), ("qwen35moe", "q4_0", {"merged_gate_
 @pytest.mark.parametrize("arch,et,extra", PREFETCH_TYPES, ids=lambda v: v if isinstance(v, str) else "")
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("slots", ["2k", "3k/2", "k", "staged"])
-def test_prefetch_changes_no_output(make_model, monkeypatch, arch, et, extra, shards, slots) -> None:
-    """The cross-layer prefetch (LLAMA_LONGHAUL_PREFETCH=1) reads the experts the next layer's router ranks
+def test_prefetch_changes_no_output(make_model, arch, et, extra, shards, slots) -> None:
+    """The cross-layer prefetch (LonghaulFlag.PREFETCH) reads the experts the next layer's router ranks
     highest on a layer's input while that layer computes: token ids and logits stay those of a normal load.
     It prefetches in decode steps only, into at most n_slots - k slots (none with k slots or fewer), never in
     the first routed layer; every prefetched byte is counted once as used or wasted."""
-    monkeypatch.setenv("LLAMA_LONGHAUL_PREFETCH", "1")
     spec = spec_of(arch, et, extra)
     paths = make_model(n_shards=shards, **dataclasses.asdict(spec))
     k = spec.n_expert_used
     n_slots = {"2k": 2 * k, "3k/2": 3 * k // 2, "k": k, "staged": k - 1}[slots]
-    ids, logits, info = run_greedy(paths[0], 512, load_mode=LoadMode.LONGHAUL,
-                                   longhaul_cache=budget_for(spec, n_slots), use_extra_bufts=False)
+    kw = dict(load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, n_slots), use_extra_bufts=False,
+              longhaul_flags=LonghaulFlag.PREFETCH)
+    ids, logits, info = run_greedy(paths[0], 512, **kw)
     ref_ids, ref_logits = reference(paths[0], info["n_ubatch"])
     assert ids == ref_ids
     np.testing.assert_array_equal(logits, ref_logits)
@@ -666,24 +672,22 @@ def test_prefetch_changes_no_output(make_model, monkeypatch, arch, et, extra, sh
         for _ in range(4):
             if st.total.bytes_prefetched > 0:
                 break
-            st = run_greedy(paths[0], 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, n_slots),
-                            use_extra_bufts=False)[2]["stats"]
+            st = run_greedy(paths[0], 512, **kw)[2]["stats"]
         assert st.total.bytes_prefetched > 0
     else:
         assert st.total.bytes_prefetched == 0
 
 
 @pytest.mark.parametrize("arch,et,extra", PREFETCH_TYPES[:2], ids=lambda v: v if isinstance(v, str) else "")
-def test_prefetch_in_small_ubatches(make_model, monkeypatch, arch, et, extra) -> None:
+def test_prefetch_in_small_ubatches(make_model, arch, et, extra) -> None:
     """Ubatches of 2 tokens run in two passes and prefetch too: a layer's 2k experts and the slots its detached
     prefetch is still writing may not fit together, and then its hits pass waits for them first; a prompt ubatch
     without outputs skips the last layer's MoE, whose prefetch the next sync then drops (both happen here,
     checked with a debug print). Token ids and logits stay those of a normal load with the same ubatch."""
-    monkeypatch.setenv("LLAMA_LONGHAUL_PREFETCH", "1")
     spec = spec_of(arch, et, extra)
     path = make_model(**dataclasses.asdict(spec))[0]
-    ids, logits, info = run_greedy(path, 2, load_mode=LoadMode.LONGHAUL,
-                                   longhaul_cache=budget_for(spec, 2 * spec.n_expert_used), use_extra_bufts=False)
+    ids, logits, info = run_greedy(path, 2, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 2 * spec.n_expert_used),
+                                   use_extra_bufts=False, longhaul_flags=LonghaulFlag.PREFETCH)
     assert info["n_ubatch"] == 2
     ref_ids, ref_logits = reference(path, 2)
     assert ids == ref_ids
@@ -700,20 +704,19 @@ def test_prefetch_is_off_by_default(make_model, caplog) -> None:
     assert "cross-layer prefetch" not in caplog.text
 
 
-def test_failed_prefetch_read_is_retried(make_model, monkeypatch) -> None:
+def test_failed_prefetch_read_is_retried(make_model) -> None:
     """A read of the prefetch that fails (the first one of the second routed layer's prefetch in the first
     generation step) is retried when that layer's sync waits for it: the output is a clean run's."""
-    monkeypatch.setenv("LLAMA_LONGHAUL_PREFETCH", "1")
     spec = spec_of("qwen3moe", "q8_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
-    budget = budget_for(spec, 2 * spec.n_expert_used)
-    ref, _, _ = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+    kw = dict(load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 2 * spec.n_expert_used),
+              longhaul_flags=LonghaulFlag.PREFETCH)
+    ref, _, _ = run_greedy(path, 512, **kw)
     # the prefetch's reads race the next layer's sync (which drops the reads no reader has started): a few tries
     # on a loaded machine, each checked, until the second layer's prefetch read something in the first step
     retried = False
     for _ in range(5):
-        monkeypatch.delenv("LLAMA_LONGHAUL_FAIL_READ", raising=False)
-        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget) as m, \
+        with Model(path, **kw) as m, \
                 m.context(n_ctx=512, n_threads=2) as ctx:
             prompt = m.tokenize(PROMPT)
             ctx.decode(prompt)
@@ -724,8 +727,8 @@ def test_failed_prefetch_read_is_retried(make_model, monkeypatch) -> None:
         if step[1].bytes_prefetched == 0:
             continue
         # read calls: the prompt's, the first layer's in the step, then the second layer's prefetch
-        monkeypatch.setenv("LLAMA_LONGHAUL_FAIL_READ", str(n_prompt_reads + step[0].n_reads + 1))
-        ids, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget)
+        with failing_read(n_prompt_reads + step[0].n_reads + 1):
+            ids, _, info = run_greedy(path, 512, **kw)
         assert ids == ref  # whatever read the injected error hit
         if info["stats"].layers[1].n_retries > 0 and info["stats"].total.n_retries == 3:
             retried = True

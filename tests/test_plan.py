@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longhaul_cpp import LlamaError, LoadMode, Model, Routing, SyntheticSpec
+from longhaul_cpp import LlamaError, LoadMode, LonghaulFlag, Model, Routing, SyntheticSpec
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.plan import record as plan_record
 from longhaul_cpp.plan import (Lru, PhaseModel, PhaseRun, knee, predict, record_run, replay, replay_lru,
@@ -34,11 +34,12 @@ def _prompt(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(3, 250, n, dtype=np.int32)
 
 
-def _run(path: Path, slots: int, n_prompt: int = 48, n_gen: int = 12, n_ubatch: int = 16, timed: int = 1):
+def _run(path: Path, slots: int, n_prompt: int = 48, n_gen: int = 12, n_ubatch: int = 16, timed: int = 1,
+         flags: int = 0):
     # one timed repetition: its phases' counters are those of the recorded routing
     info = inspect_model(path)
     return info, record_run(path, _prompt(n_prompt), n_gen, budget=info.budget_for(slots), n_threads=2,
-                            n_ubatch=n_ubatch, timed=timed)
+                            n_ubatch=n_ubatch, timed=timed, flags=flags)
 
 
 def test_phases_keep_the_faster_repetition(make_model, monkeypatch) -> None:
@@ -65,15 +66,15 @@ def test_phases_keep_the_faster_repetition(make_model, monkeypatch) -> None:
     assert real(gens[0], fast) is fast and real(fast, gens[0]) is fast
 
 
-@pytest.mark.parametrize("env", [{}, {"LLAMA_LONGHAUL_PIPELINE": "1"}, {"LLAMA_LONGHAUL_COMPACT": "0"}],
+@pytest.mark.parametrize("flags", [LonghaulFlag(0), LonghaulFlag.PIPELINE, LonghaulFlag.NO_COMPACT],
                          ids=["default", "pipelined", "full-waves"])
-def test_replay_gives_the_library_misses_at_every_budget(make_model, monkeypatch, env) -> None:
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+def test_replay_gives_the_library_misses_at_every_budget(make_model, flags) -> None:
     path = _model(make_model)
-    info, rec = _run(path, 4)
+    info, rec = _run(path, 4, flags=flags)
+    # the run records the switches in effect, the library's choices filled in: the replay follows them
+    assert rec.flags & (LonghaulFlag.PIPELINE | LonghaulFlag.NO_PIPELINE) and rec.flags & flags == flags
     for slots in (1, 3, 4, 6, 8, 13, 32):  # stages of 1 and 2, k, waves (odd and even slots), every expert
-        _, run = _run(path, slots)
+        _, run = _run(path, slots, flags=flags)
         for il, toks in rec.routing.layers.items():  # the routing is the same at every budget
             assert np.array_equal(run.routing.layers[il], toks), (slots, il)
         got = replay(rec, info, info.budget_for(slots))

@@ -18,7 +18,7 @@ from longhaul_cpp._lib import ffi, package_dir
 ENUMS = ("enum ggml_log_level", "enum llama_rope_scaling_type", "enum llama_pooling_type",
          "enum llama_attention_type", "enum llama_flash_attn_type", "enum llama_split_mode",
          "enum llama_load_mode", "enum llama_lazy_mode", "enum llama_context_type",
-         "enum llama_model_kv_override_type", "enum ggml_type")
+         "enum llama_model_kv_override_type", "enum ggml_type", "enum llama_longhaul_flag")
 
 
 def _probe_source(ffi, structs, enums) -> tuple[str, dict[str, int]]:

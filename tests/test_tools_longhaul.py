@@ -75,6 +75,42 @@ def test_environment_variables(model) -> None:
     assert r.returncode > 0 and b"expected a size: GiB as a number" in r.stderr + r.stdout
 
 
+def test_longhaul_switches_reach_the_library(model) -> None:
+    """--longhaul-direct-io, --longhaul-pipeline, --longhaul-prefetch and --longhaul-io-threads (with their
+    LLAMA_ARG_* mirrors, and llama-bench's own parser) set llama_model_params.longhaul_flags: the library's load
+    log says what it did with them; a bad value or a switch without --longhaul is refused by name."""
+    import os
+
+    base = ["-m", str(model), "-p", "hi", "-n", "2", "-no-cnv", "-t", "2", "-c", "256", "--longhaul",
+            "--longhaul-cache", "0.5", "-v"]
+
+    def log(*extra: str, env: dict[str, str] | None = None) -> str:
+        r = tool("llama-completion", *base, *extra, env=env)
+        err = r.stderr.decode(errors="replace") + r.stdout.decode(errors="replace")
+        assert r.returncode == 0, err[-3000:]
+        return err
+
+    err = log("--longhaul-direct-io", "off", "--longhaul-pipeline", "on", "--longhaul-prefetch",
+              "--longhaul-io-threads", "3")
+    assert "0 of 1 shard(s) read with O_DIRECT" in err and "as the direct-I/O flag says" in err
+    assert "expert waves read the next wave's experts while they compute" in err
+    assert "cross-layer prefetch on" in err
+    err = log(env={**os.environ, "LLAMA_ARG_LONGHAUL_PIPELINE": "off"})
+    assert "expert waves read their experts when they start" in err and "cross-layer prefetch" not in err
+    assert "as the direct-I/O flag says" not in err  # auto: the library decides from the memory available
+    for args, msg in (((*base, "--longhaul-pipeline", "sometimes"), "unknown value for --longhaul-pipeline"),
+                      (("-m", str(model), "-p", "hi", "-n", "1", "--longhaul-direct-io", "on"),
+                       "switches are only used with --longhaul")):
+        r = tool("llama-completion", *args)
+        assert r.returncode != 0 and msg in (r.stderr + r.stdout).decode(errors="replace")
+    bench = ["-m", str(model), "-lm", "longhaul", "--longhaul-cache", "0.5", "-p", "0", "-n", "1", "-r", "1"]
+    r = tool("llama-bench", *bench, "--longhaul-pipeline", "on", "--longhaul-direct-io", "off", "--longhaul-prefetch",
+             "on", "--longhaul-io-threads", "2")
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-2000:]
+    r = tool("llama-bench", *bench, "--longhaul-io-threads", "many")
+    assert r.returncode != 0 and b"--longhaul-io-threads expects a number" in r.stderr + r.stdout
+
+
 @pytest.mark.parametrize("value", ["0.5", "512MiB", "500M", "0.75GiB", "1e9B", "600 mb", "0.0005TiB"])
 def test_budget_units_parse_as_in_python(model, value) -> None:
     """--longhaul-cache takes GiB or a size with a unit; the library gets the bytes Python's

@@ -5,7 +5,7 @@ synthetic model (qwen3moe, 16 experts, top-4, rows of 256 so that every K- and I
   type the slots are converted into the same layout as they are read): every prompt position's logits and the
   decoded tokens bit for bit, at every expert cached, 2k, k, k-1 and 1 slot; the expert bytes converted into the
   repacked layout are counted exactly where this CPU repacks the banks in a normal load; and with the plain-experts
-  configuration (LLAMA_LONGHAUL_PLAIN_EXPERTS: plain banks, plain slots) too.
+  configuration (plain_expert_banks(): plain banks, plain slots) too.
 - The tools' default path (the memory-fit pass on): llama-completion gives the default load's text at every slot
   count for the types the CPU repacks (one slot per layer aborted in the fit pass before series patch 0019).
 

@@ -2,9 +2,10 @@
 from importlib import metadata as _metadata
 
 from ._lib import LlamaError, lib
-from .longhaul import PLAIN_EXPERTS_ENV, CacheFit, LayerStats, LonghaulStats, parse_cache_size, plain_expert_banks
+from .longhaul import CacheFit, LayerStats, LonghaulStats, parse_cache_size, plain_expert_banks
 from .context import Context, greedy_generate
-from .model import LoadMode, Model, fit_longhaul_cache
+from .model import Model, fit_longhaul_cache
+from .params import LoadMode, LonghaulFlag
 from .routing import Routing
 from .llama import Llama
 from .synthetic import SyntheticSpec
@@ -12,7 +13,8 @@ from .synthetic_gguf import make_model
 from .tools import tool_path
 
 __all__ = [
-    "PLAIN_EXPERTS_ENV", "CacheFit", "Context", "LayerStats", "Llama", "LlamaError", "LoadMode", "LonghaulStats", "Model", "Routing", "SyntheticSpec", "parse_cache_size",
+    "CacheFit", "Context", "LayerStats", "Llama", "LlamaError", "LoadMode", "LonghaulFlag", "LonghaulStats", "Model",
+    "Routing", "SyntheticSpec", "parse_cache_size",
     "fit_longhaul_cache", "greedy_generate", "make_model", "lib", "plain_expert_banks", "tool_path",
 ]
 try:

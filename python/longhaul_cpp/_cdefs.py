@@ -85,6 +85,16 @@ enum llama_load_mode {
 };
 const char * llama_load_mode_name(enum llama_load_mode load_mode);
 enum llama_load_mode llama_load_mode_from_str(const char * str);
+enum llama_longhaul_flag {
+    LLAMA_LONGHAUL_FLAG_DIRECT_IO    = 1,
+    LLAMA_LONGHAUL_FLAG_NO_DIRECT_IO = 2,
+    LLAMA_LONGHAUL_FLAG_PIPELINE     = 4,
+    LLAMA_LONGHAUL_FLAG_NO_PIPELINE  = 8,
+    LLAMA_LONGHAUL_FLAG_NO_OVERLAP   = 16,
+    LLAMA_LONGHAUL_FLAG_NO_COMPACT   = 32,
+    LLAMA_LONGHAUL_FLAG_STAGED       = 64,
+    LLAMA_LONGHAUL_FLAG_PREFETCH     = 128,
+};
 enum llama_lazy_mode {
     LLAMA_LAZY_MODE_OFF  = 0,
     LLAMA_LAZY_MODE_AUTO = 1,
@@ -143,6 +153,8 @@ struct llama_model_params {
     void * progress_callback_user_data;
     const struct llama_model_kv_override * kv_overrides;
     uint64_t longhaul_cache_bytes;
+    uint32_t longhaul_flags;
+    int32_t  longhaul_io_threads;
     bool vocab_only;
     bool check_tensors;
     bool use_extra_bufts;
@@ -240,9 +252,12 @@ struct llama_longhaul_stats {
     uint64_t bytes_prefetch_wasted;
 };
 int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
+uint32_t llama_model_longhaul_flags(const struct llama_model * model);
 bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats);
 void llama_model_longhaul_stats_reset(struct llama_model * model);
 int32_t llama_model_longhaul_error(const struct llama_model * model, char * buf, size_t buf_size);
+void llama_longhaul_test_fail_read(uint64_t n);
+void llama_longhaul_test_plain_experts(bool plain);
 bool llama_model_longhaul_record_routing(struct llama_model * model, int64_t max_ids);
 int64_t llama_model_longhaul_routing(const struct llama_model * model, int32_t * dst, int64_t n, bool * truncated);
 struct llama_longhaul_fit {

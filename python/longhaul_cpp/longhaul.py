@@ -1,41 +1,39 @@
-"""Longhaul helpers: cache budget parsing, the cache statistics dataclasses, the plain-experts reference load."""
+"""Longhaul helpers: cache budget parsing, the cache statistics dataclasses, the library's test hooks (the
+plain-experts reference load, an injected read failure)."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Iterator
 from typing import Any
 
-# A normal load with this environment variable set keeps the routed expert banks in the plain CPU
-# layout, as longhaul's slots hold them, and every other weight in the optimized (repacked) buffer
-# types as usual: it runs exactly longhaul's kernels, the exact reference for its output on any CPU.
-# (A `-ot ffn_.*_exps=CPU` override does not do this: an override to the CPU still repacks.)
-PLAIN_EXPERTS_ENV = "LLAMA_LONGHAUL_PLAIN_EXPERTS"
-
+from ._lib import lib
 
 @contextlib.contextmanager
-def library_env(env: dict[str, str]) -> Iterator[None]:
-    """These environment variables in this process while models load inside (the library reads its switches,
-    such as LLAMA_LONGHAUL_DIRECT, when a model loads); the previous values are restored afterwards."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+def plain_expert_banks() -> Iterator[None]:
+    """Models loaded inside keep their routed expert banks in the plain CPU layout, as longhaul's slots hold them,
+    and every other weight in the optimized (repacked) buffer types as usual: a normal load then runs exactly
+    longhaul's kernels, the exact reference for its output on any CPU (a test hook of the library,
+    llama_longhaul_test_plain_experts; `-ot ffn_.*_exps=CPU` does not do this: an override to the CPU still
+    repacks)."""
+    lib().llama_longhaul_test_plain_experts(True)
     try:
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        lib().llama_longhaul_test_plain_experts(False)
 
 
-def plain_expert_banks() -> contextlib.AbstractContextManager[None]:
-    """Models loaded inside keep their routed experts in the plain CPU layout (PLAIN_EXPERTS_ENV): a normal
-    load's expert banks and longhaul's slots; resident weights keep the optimized buffer types."""
-    return library_env({PLAIN_EXPERTS_ENV: "1"})
+@contextlib.contextmanager
+def failing_read(n: int) -> Iterator[None]:
+    """Longhaul loads inside fail their n-th expert read call once (a test hook of the library for the error
+    paths, llama_longhaul_test_fail_read): the read is retried, a second failure fails the decode."""
+    lib().llama_longhaul_test_fail_read(int(n))
+    try:
+        yield
+    finally:
+        lib().llama_longhaul_test_fail_read(0)
 
 
 _MAX_BYTES = 2**63  # the library takes the budget as a uint64_t; above 2^63 the tools' GiB overflow
@@ -140,7 +138,7 @@ class LayerStats:
     bytes_converted: int  # expert bytes converted into the CPU's repacked layout as they were written
     t_convert_s: float    # seconds the reading threads spent converting (part of t_read_s)
     t_hidden_s: float     # read seconds that ran while the graph computed cached experts (not waited on)
-    bytes_prefetched: int       # expert bytes read ahead by the cross-layer prefetch (LLAMA_LONGHAUL_PREFETCH=1)
+    bytes_prefetched: int       # expert bytes read ahead by the cross-layer prefetch (LonghaulFlag.PREFETCH)
     bytes_prefetch_used: int    # of those, experts the layer's next synchronization selected
     bytes_prefetch_wasted: int  # of those, experts it did not select
 

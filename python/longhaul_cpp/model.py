@@ -14,7 +14,7 @@ from .context import Context
 from .longhaul import (CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice,
                        size_arg)
 from .modelinfo import inspect_model
-from .params import LoadMode, buft_overrides, set_fields
+from .params import LoadMode, LonghaulFlag, buft_overrides, set_fields
 from .params import context_params as context_params_struct
 from .routing import DEFAULT_MAX_IDS, Routing
 
@@ -44,9 +44,9 @@ def fit_longhaul_cache(path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
 class Model(Handle):
     """A GGUF model loaded by libllama.
 
-    Keyword arguments are fields of `llama_model_params` (n_gpu_layers, load_mode,
-    use_extra_bufts, ...). `longhaul_cache` is the expert cache budget of
-    LoadMode.LONGHAUL: GiB as a number, a string with a unit ("2GiB", "512MiB"), or
+    Keyword arguments are fields of `llama_model_params` (n_gpu_layers, load_mode, use_extra_bufts,
+    longhaul_flags=LonghaulFlag.PIPELINE | ..., longhaul_io_threads, ...). `longhaul_cache` is the expert
+    cache budget of LoadMode.LONGHAUL: GiB as a number, a string with a unit ("2GiB", "512MiB"), or
     "auto": the largest that fits in the memory available next to a context with
     `context_params` (Model.context()'s defaults when None); `longhaul_fit` then holds
     the choice and its breakdown (CacheFit).
@@ -149,6 +149,12 @@ class Model(Handle):
     @property
     def is_longhaul(self) -> bool:
         return lib().llama_model_longhaul_n_layers(self.ptr) > 0
+
+    @property
+    def longhaul_flags(self) -> LonghaulFlag:
+        """The longhaul switches in effect: the ones asked for, with the library's choices of direct I/O and
+        pipelined waves filled in (one of each pair); 0 when not loaded in longhaul mode."""
+        return LonghaulFlag(int(lib().llama_model_longhaul_flags(self.ptr)))
 
     def longhaul_stats(self) -> LonghaulStats:
         """Counters of the longhaul expert cache (totals and per routed MoE layer)."""

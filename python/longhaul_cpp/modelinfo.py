@@ -7,9 +7,9 @@ experts in ceil(n_expert_used / slots) stages. Otherwise the ubatch is kept, and
 experts do not fit runs in expert waves: ceil(min(n_expert, n_tokens * n_expert_used) / wave slots),
 where the wave slots are all the slots, or half of them when the waves are pipelined (a wave's reads
 run while the wave before it computes: where the reads bypass the page cache, or with
-LLAMA_LONGHAUL_PIPELINE=1). Where that is cheaper, the waves are compact (each runs
+LonghaulFlag.PIPELINE). Where that is cheaper, the waves are compact (each runs
 only its own pairs, at most n_tokens) and the graph has waves + 2 * n_expert_used of them, the last
-ones empty when the routing needs fewer (LLAMA_LONGHAUL_COMPACT=0: never).
+ones empty when the routing needs fewer (LonghaulFlag.NO_COMPACT: never).
 """
 from __future__ import annotations
 

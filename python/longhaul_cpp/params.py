@@ -1,5 +1,6 @@
-"""The library's parameter structs, filled from keyword arguments (one home): `LoadMode`, `set_fields` (every
-key checked against the C struct's fields), the context's defaults and `-ot`-style buffer overrides."""
+"""The library's parameter structs, filled from keyword arguments (one home): `LoadMode`, `LonghaulFlag`,
+`set_fields` (every key checked against the C struct's fields), the context's defaults and `-ot`-style buffer
+overrides."""
 from __future__ import annotations
 
 import enum
@@ -13,6 +14,13 @@ from ._lib import ffi, lib
 LoadMode = enum.IntEnum("LoadMode", {name[len("LLAMA_LOAD_MODE_"):]: value for value, name in
                                      sorted(ffi.typeof("enum llama_load_mode").elements.items())})
 LoadMode.__doc__ = "Mirrors `enum llama_load_mode` (taken from the binding's declaration)."
+
+# `enum llama_longhaul_flag`: the switches of the longhaul load mode (`longhaul_flags=` of Model and Llama), or-ed
+LonghaulFlag = enum.IntFlag("LonghaulFlag", {name[len("LLAMA_LONGHAUL_FLAG_"):]: value for value, name in
+                                             sorted(ffi.typeof("enum llama_longhaul_flag").elements.items())})
+LonghaulFlag.__doc__ = ("Mirrors `enum llama_longhaul_flag`: DIRECT_IO / NO_DIRECT_IO and PIPELINE / NO_PIPELINE "
+                        "(default: the library decides), PREFETCH (an experiment), and the measurement switches "
+                        "NO_OVERLAP, NO_COMPACT, STAGED.")
 
 
 def set_fields(struct: Any, kind: str, values: dict[str, Any]) -> None:

@@ -29,11 +29,6 @@ class BenchError(RuntimeError):
     pass
 
 
-def env_text(env: dict[str, str]) -> str:
-    """Environment variables as a shell would set them: "A=1, B=2"."""
-    return ", ".join(f"{k}={v}" for k, v in env.items())
-
-
 @dataclasses.dataclass
 class BenchConfig:
     model: str = "medium"            # "medium" | "large" | a GGUF path
@@ -49,6 +44,7 @@ class BenchConfig:
     reps: int = 2
     cold: bool = True
     capped_timeout: float = 900.0
+    sweep_direct_io: str = "on"      # --longhaul-direct-io of the sweep (and the planner's recorded run): on|off|auto
     out: Path = Path("longhaul-bench")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..modelinfo import inspect_model
 from .analysis import analyse
-from .config import MIB, env_text
+from .config import MIB
 from .results import Run
 
 
@@ -31,12 +31,12 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"Random {how} reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices, "
                      f"{int(bw['threads'])} at a time: {detail}.")
         lines.append("")
-    if "sweep_env" in res:
-        env = res["sweep_env"]
-        lines += ["The sweep's runs (and the planner's recorded run) read experts "
-                  + (f"with {env_text(env)}: from the storage, as for a model that "
-                     "does not fit in memory." if env else
-                     "as the library chose (LLAMA_LONGHAUL_DIRECT was set by the user)."), ""]
+    if "sweep_direct_io" in res:
+        how = {"on": "with O_DIRECT (--longhaul-direct-io on): from the storage, as for a model that does not fit "
+                     "in memory.",
+               "off": "through the page cache (--longhaul-direct-io off).",
+               "auto": "as the library chose (--longhaul-direct-io auto)."}[res["sweep_direct_io"]]
+        lines += ["The sweep's runs (and the planner's recorded run) read experts " + how, ""]
     lines += ["| scenario | load | routing | state | test | t/s | hit rate | expert MiB/token | peak RSS GiB |",
               "|---|---|---|---|---|---:|---:|---:|---:|"]
     for run in res["runs"]:

@@ -10,13 +10,14 @@ from typing import Any
 
 from .._lib import LlamaError
 from ..disk import drop_page_cache, read_bandwidth
-from ..longhaul import gib_arg, library_env
+from ..longhaul import gib_arg
+from ..params import LonghaulFlag
 from ..model import fit_longhaul_cache
 from ..modelinfo import ModelInfo, inspect_model
 from ..plan import predict, random_prompt, record_run
 from ..tools import tool_path
 from .analysis import analyse
-from .config import BENCH_MODELS, GIB, MIB, BenchConfig, BenchError, env_text
+from .config import BENCH_MODELS, GIB, MIB, BenchConfig, BenchError
 from .models import bench_model
 from .process import MemoryCap, machine, run_process, warm_page_cache
 from .results import Run
@@ -40,21 +41,21 @@ def llama_bench_argv(model: Path, n_prompt: int, n_gen: int, *, threads: int, lo
 def measure(scenario: str, label: str, routing: str, model: Path, n_prompt: int, n_gen: int, *, threads: int,
             load: str = "normal", budget: int | None = None, fraction: float | None = None, repack: bool = True,
             reps: int = 2, cold: bool = False, cap: MemoryCap | None = None, timeout: float | None = None,
-            ubatch: int = 512, drop: bool = False, env: dict[str, str] | None = None,
+            ubatch: int = 512, drop: bool = False, extra: list[str] | None = None,
             log: Callable[[str], None] = print) -> list[Run]:
     """One llama-bench process: a pp test then a tg test (either may be 0). The model (and so the
     expert cache) lives across both, so a warm tg test starts from the cache the prompt filled.
     Cold: the page cache is dropped first, no warmup, one repetition. Under a cap the page cache is
     always dropped first: pages cached from outside the cgroup would not count against its limit,
     so a capped steady state is reached by the tool's own warmup, inside the cap. `drop`: also drop
-    it for a warm run. env: environment variables for the tool (the sweep's read path)."""
+    it for a warm run. extra: more arguments for the tool (the sweep's read path)."""
     argv = llama_bench_argv(model, n_prompt, n_gen, threads=threads, load=load, budget=budget, repack=repack,
-                            reps=1 if cold else reps, warmup=not cold, ubatch=ubatch)
+                            reps=1 if cold else reps, warmup=not cold, ubatch=ubatch) + (extra or [])
     if cold or cap is not None or drop:
         drop_page_cache()
     else:
         warm_page_cache(model)
-    res = run_process(argv, cap=cap, timeout=timeout, env=env)
+    res = run_process(argv, cap=cap, timeout=timeout)
     base = dict(scenario=scenario, label=label, load=load, layout="repacked" if repack else "plain", routing=routing,
                 budget_bytes=budget, fraction=fraction, cap_gib=cap.limit / GIB if cap else None, cold=cold,
                 status=res.status, peak_rss_gib=res.peak_rss / GIB,
@@ -129,13 +130,15 @@ def _model_record(path: Path, info: ModelInfo) -> dict[str, Any]:
             "io_bytes": io_bytes}
 
 
-def sweep_env() -> dict[str, str]:
-    """The sweep's read path: experts from the storage with O_DIRECT, as the library reads them when the memory
-    cannot hold the experts outside its cache (the case it is for). A model that fits in the page cache (the
-    bench models on a machine with more memory) would otherwise be read buffered, mostly out of the page
-    cache's readahead, which no disk probe bounds (docs/decisions.md). LLAMA_LONGHAUL_DIRECT set by the user
-    decides instead."""
-    return {} if "LLAMA_LONGHAUL_DIRECT" in os.environ else {"LLAMA_LONGHAUL_DIRECT": "1"}
+_DIRECT_FLAGS = {"on": LonghaulFlag.DIRECT_IO, "off": LonghaulFlag.NO_DIRECT_IO, "auto": LonghaulFlag(0)}
+
+
+def sweep_args(direct_io: str) -> list[str]:
+    """llama-bench's arguments for the sweep's read path. By default ("on") experts come from the storage with
+    O_DIRECT, as the library reads them when the memory cannot hold the experts outside its cache (the case it is
+    for): a model that fits in the page cache (the bench models on a machine with more memory) would otherwise be
+    read buffered, mostly out of the page cache's readahead, which no disk probe bounds (docs/decisions.md)."""
+    return [] if direct_io == "auto" else ["--longhaul-direct-io", direct_io]
 
 
 def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchConfig, bandwidth: float | None,
@@ -148,9 +151,8 @@ def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchCon
     if cfg.cold:
         drop_page_cache()
     budget = info.budget_for(max(1, info.n_expert_used))
-    with library_env(sweep_env()):
-        run = record_run(model, prompt, cfg.n_gen, budget=budget, n_threads=cfg.threads, n_ubatch=512,
-                         random_gen=True)
+    run = record_run(model, prompt, cfg.n_gen, budget=budget, n_threads=cfg.threads, n_ubatch=512,
+                     random_gen=True, flags=_DIRECT_FLAGS[cfg.sweep_direct_io])
     # a run that read nothing: every budget it predicts reads nothing either
     rate = bandwidth or max(run.read_rate, 1.0)
     source = "the probe's" if bandwidth else "its reads'"
@@ -221,12 +223,12 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
             log(f"random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices: cold "
                 f"{bw['cold_bytes_per_s'] / MIB:.0f} MiB/s, read again {bw['reread_bytes_per_s'] / MIB:.0f} MiB/s")
         res["plan"] = {}
-        res["sweep_env"] = env = sweep_env()
-        # the probe's reads are the sweep's (O_DIRECT) unless the user asked for buffered reads
-        direct = {**os.environ, **env}.get("LLAMA_LONGHAUL_DIRECT", "0") != "0"
+        res["sweep_direct_io"] = cfg.sweep_direct_io
+        extra = sweep_args(cfg.sweep_direct_io)
+        # the probe's reads are the sweep's (O_DIRECT) unless the user asked for another read path
+        direct = cfg.sweep_direct_io == "on"
         for routing, model in models.items():
-            log(f"budget sweep, {routing} routing (steady state"
-                + (f"; {env_text(env)})" if env else ")"))
+            log(f"budget sweep, {routing} routing (steady state" + (f"; {' '.join(extra)})" if extra else ")"))
             sweep = [(f, info.n_expert if f >= 1 else round(f * info.n_expert)) for f in cfg.fractions]
             for f, slots in sweep:
                 if slots < 1:
@@ -239,7 +241,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
                 budget = info.budget_for(slots)
                 got = measure("sweep", f"longhaul {f:.4g} of experts", routing, model, pp, tg, threads=t,
                               load="longhaul", budget=budget, fraction=min(f, 1.0), reps=cfg.reps, drop=cfg.cold,
-                              env=env, log=log)
+                              extra=extra, log=log)
                 for r in got:
                     r.predicted_tokens_per_s = predicted[budget].get(r.kind)
                 runs += got

@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-r", "--repetitions", type=int, default=2, help="timed repetitions of warm runs (default 2)")
     p.add_argument("--no-cold", action="store_true", help="skip cold runs (dropping the page cache needs root)")
     p.add_argument("-o", "--output", help="output directory (default: longhaul-bench-MODEL)")
+    p.add_argument("--sweep-direct-io", choices=("on", "off", "auto"), default="on",
+                   help="how the sweep reads experts (--longhaul-direct-io): on (default) from the storage with "
+                        "O_DIRECT, as for a model that does not fit in memory; auto as the library chooses")
     p.add_argument("--report", metavar="DIR", help="only rewrite the reports of DIR/results.json (no measurement)")
     p.set_defaults(func=run)
 
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(model=args.model, routings=routings, scenarios=scenarios, fractions=parse_fractions(args.budgets),
                       cap_fraction=args.cap, cap_gib=args.cap_gib, n_prompt=args.n_prompt, n_gen=args.n_gen, n_gen_capped=args.n_gen_capped,
                       threads=args.threads, reps=args.repetitions, cold=not args.no_cold,
-                      capped_timeout=args.capped_timeout,
+                      capped_timeout=args.capped_timeout, sweep_direct_io=args.sweep_direct_io,
                       out=Path(args.output or f"longhaul-bench-{Path(args.model).stem}"))
     res = run_bench(cfg, log=lambda m: print(m, flush=True), progress=lambda label: Progress(label))
     for f in write_reports(res, cfg.out):

@@ -15,10 +15,10 @@ from ..disk import DiskError, drop_page_cache, read_bandwidth
 from ..modelinfo import ModelInfo, inspect_model
 from .predict import BudgetRow, PhaseModel, knee, predict, replay
 from .record import PhaseRun, RecordedRun, random_prompt, record_run
-from .replay import CachePolicy, Lru, policy_from_env, replay_lru, replay_optimal
+from .replay import CachePolicy, Lru, policy_from_flags, replay_lru, replay_optimal
 
 __all__ = ["BudgetRow", "CachePolicy", "Lru", "PhaseModel", "PhaseRun", "Plan", "RecordedRun", "knee", "make_plan",
-           "measure_bandwidth", "policy_from_env", "predict", "random_prompt", "record_run", "replay", "replay_lru",
+           "measure_bandwidth", "policy_from_flags", "predict", "random_prompt", "record_run", "replay", "replay_lru",
            "replay_optimal"]
 
 

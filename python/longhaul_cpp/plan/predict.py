@@ -28,7 +28,7 @@ import numpy as np
 
 from ..modelinfo import ModelInfo
 from .record import PhaseRun, RecordedRun
-from .replay import CachePolicy, policy_from_env, replay_lru, replay_optimal
+from .replay import CachePolicy, policy_from_flags, replay_lru, replay_optimal
 
 MIB = 1024**2
 GIB = 1024**3
@@ -90,7 +90,7 @@ class Replay:
 def replay(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy | None = None) -> Replay:
     """The run's routing at `budget`: the run repeated (as it was: a warm-up, then the recorded repetition),
     the recorded repetition's counts."""
-    policy = policy or policy_from_env(info.expert_bias)
+    policy = policy or policy_from_flags(info.expert_bias, run.flags)
     slots = info.slots(budget)
     ubatch = info.effective_ubatch(budget, run.n_ubatch)
     n = len(run.calls)

@@ -43,6 +43,7 @@ class RecordedRun:
     gen: PhaseRun
     misses: dict[int, int]  # per routed layer, of the recorded repetition (to check the replay against)
     hit_s: float | None = None  # seconds per token of a decode whose experts are all cached (None: not measured)
+    flags: int = 0  # the longhaul switches in effect during the run (Model.longhaul_flags: the library's choices)
 
     def layer_calls(self, il: int) -> list[int]:
         """The tokens layer il ran in each call: all of them, or for the last layer (which runs only the tokens
@@ -90,12 +91,12 @@ def time_hits(ctx: Context, model: Model, state: bytes, token: int, n: int) -> f
 
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
-               random_gen: bool = False, timed: int = 2) -> RecordedRun:
+               random_gen: bool = False, timed: int = 2, flags: int = 0) -> RecordedRun:
     """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) in
     longhaul mode at `budget`, once to warm up (as a steady-state server would be) and then `timed` times: the
     first timed repetition is recorded, and each phase keeps the faster of its timed repetitions (all of them
     route alike). random_gen: feed random tokens instead of the greedy ones (llama-bench's tg workload; the same
-    seed in every repetition)."""
+    seed in every repetition). flags: `LonghaulFlag`s of the load."""
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
         raise ValueError("the planner needs a prompt or generated tokens")
@@ -108,9 +109,10 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     gen_run: PhaseRun | None = None
     hits: list[float | None] = []
     state, last = b"", 0
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as model, \
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B", longhaul_flags=flags) as model, \
             model.context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                           n_threads_batch=n_threads) as ctx:
+        flags = int(model.longhaul_flags)
         for rep in range(1 + max(1, timed)):
             ctx.reset()
             rng = np.random.default_rng(1)
@@ -152,4 +154,4 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,
                        n_ubatch=n_ubatch,
                        prompt=prompt_run, gen=gen_run, misses=misses,
-                       hit_s=None if None in hits else min(hits))
+                       hit_s=None if None in hits else min(hits), flags=flags)

@@ -7,7 +7,7 @@ least recently used, ties by slot index. `replay_lru` cuts the tokens into the u
 waves the library runs at that budget (llama_longhaul::plan_waves: cached experts first, then the missing ones
 in id order, next fit into waves of the wave slots and, for compact waves, of at most n_tokens pairs) and plans
 them in the same order, so its misses are the library's (tests/test_plan.py checks them against runs). The
-cross-layer prefetch (LLAMA_LONGHAUL_PREFETCH=1) is not modelled.
+cross-layer prefetch (LonghaulFlag.PREFETCH) is not modelled.
 
 `replay_optimal` is Belady's policy on the same ubatches: each ubatch reads the experts it selects that are not
 cached (no policy can read fewer), and keeps the experts whose next use is soonest: the fewest misses any
@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ..modelinfo import expert_waves
+from ..params import LonghaulFlag
 
 INF = np.iinfo(np.int64).max
 
@@ -30,7 +31,7 @@ class CachePolicy:
     """How the library runs a layer's ubatches (see llama_longhaul::n_waves, pipelined_waves, compact_waves_for)."""
     waves: bool = True       # expert waves (false with per-expert biases: the ubatch is clamped instead)
     pipelined: bool = False  # waves read the next wave's experts while they compute, in half the slots each
-    compact: bool = True     # compact waves where they run fewer rows (LLAMA_LONGHAUL_COMPACT=0: never)
+    compact: bool = True     # compact waves where they run fewer rows (LonghaulFlag.NO_COMPACT: never)
 
 
 class Lru:
@@ -195,14 +196,8 @@ def _check(tokens: np.ndarray, calls: Sequence[int]) -> None:
         raise ValueError(f"the calls decode {sum(calls)} tokens but the layer's routing has {len(tokens)}")
 
 
-def policy_from_env(expert_bias: bool, environ: dict[str, str] | None = None) -> CachePolicy:
-    """The policy the library takes from its variables (LLAMA_LONGHAUL_PIPELINE, LLAMA_LONGHAUL_DIRECT,
-    LLAMA_LONGHAUL_COMPACT); pipelined waves otherwise follow the library's O_DIRECT choice, which the planner
-    takes as reads through the page cache."""
-    import os
-
-    env = os.environ if environ is None else environ
-    pipe = env.get("LLAMA_LONGHAUL_PIPELINE")
-    direct = env.get("LLAMA_LONGHAUL_DIRECT", "0") not in ("", "0")
-    return CachePolicy(waves=not expert_bias, pipelined=pipe == "1" if pipe in ("0", "1") else direct,
-                       compact=env.get("LLAMA_LONGHAUL_COMPACT") != "0")
+def policy_from_flags(expert_bias: bool, flags: int) -> CachePolicy:
+    """The policy of a load whose switches in effect are `flags` (`Model.longhaul_flags`: the library reports its
+    choices of direct I/O and pipelined waves, so nothing here mirrors how it makes them)."""
+    return CachePolicy(waves=not expert_bias, pipelined=bool(flags & LonghaulFlag.PIPELINE),
+                       compact=not flags & LonghaulFlag.NO_COMPACT)
