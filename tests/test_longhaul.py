@@ -734,3 +734,21 @@ def test_failed_prefetch_read_is_retried(make_model) -> None:
             retried = True
             break
     assert retried, "the second layer's prefetch never read first, or its failed read was not retried"
+
+
+def test_stats_fill_no_more_than_the_callers_struct(make_model) -> None:
+    """llama_model_longhaul_stats takes the caller's sizeof: a caller built before fields were appended (here: the
+    struct without the prefetch counters) gets its fields, and nothing is written past them; size 0 is refused."""
+    path = make_model(arch="qwen3moe")[0]
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1) as m, m.context(n_ctx=256) as ctx:
+        ctx.decode(m.tokenize(PROMPT))
+        full = m.longhaul_stats().total
+        cut = ffi.offsetof("struct llama_longhaul_stats", "bytes_prefetched")
+        size = ffi.sizeof("struct llama_longhaul_stats")
+        buf = ffi.new("char[]", size)
+        ffi.memmove(buf, b"\xab" * size, size)
+        st = ffi.cast("struct llama_longhaul_stats *", buf)
+        assert lib().llama_model_longhaul_stats(m.ptr, -1, st, cut)
+        assert full.n_misses > 0 and st.n_misses == full.n_misses and st.bytes_read == full.bytes_read
+        assert ffi.buffer(buf)[cut:] == b"\xab" * (size - cut)
+        assert not lib().llama_model_longhaul_stats(m.ptr, -1, st, 0)

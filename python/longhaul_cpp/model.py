@@ -165,7 +165,7 @@ class Model(Handle):
         s = ffi.new("struct llama_longhaul_stats *")
 
         def read(i: int) -> LayerStats:
-            if not L.llama_model_longhaul_stats(self.ptr, i, s):
+            if not L.llama_model_longhaul_stats(self.ptr, i, s, ffi.sizeof(s[0])):
                 raise LlamaError(f"llama_model_longhaul_stats failed for layer index {i} of {n}")
             return LayerStats.from_c(s)
 
