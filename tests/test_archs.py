@@ -221,7 +221,7 @@ def test_every_moe_arch_plans_and_fits(tmp_path) -> None:
     """The routing record, its replay (the planner's input) and `auto` on every architecture: the record at k slots
     replays to the library's own misses at one slot and at 2k (stages, waves), and `auto` sizes the model from the
     library's dry runs. Nothing in them may assume one family's tensors."""
-    from longhaul_cpp.model import fit_longhaul_cache
+    from longhaul_cpp.fit import fit_longhaul_cache
     from longhaul_cpp.plan import record_run, replay
 
     failures: list[str] = []

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from longhaul_cpp import LoadMode, LonghaulFlag, Model, SyntheticSpec
-from longhaul_cpp.model import fit_longhaul_cache
+from longhaul_cpp.fit import fit_longhaul_cache
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.plan import record_run, replay
 from longhaul_cpp.synthetic_families import FAMILIES

@@ -32,8 +32,7 @@ def _completion(model: Path, log: Path, *extra: str) -> list[str]:
             "-no-cnv", "-t", "2", "-c", "256", "--temp", "0", "-v", "--log-file", str(log), *extra]
 
 
-_FIT = re.compile(r"--longhaul-cache auto: budget ([0-9.]+) (B|KiB|MiB|GiB|TiB) \(([0-9.]+) (B|KiB|MiB|GiB|TiB) in slots, "
-                  r"at least (\d+) of (\d+) experts per layer")
+_FIT = re.compile(r"--longhaul-cache auto chose ([0-9.]+) (B|KiB|MiB|GiB|TiB) \((\d+) of (\d+) experts per layer")
 _UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
@@ -41,7 +40,7 @@ def _fitted(log: str) -> tuple[float, int]:
     """The chosen budget (bytes) and the fewest slots of a layer, from the library's log line."""
     m = _FIT.search(log)
     assert m, log[-3000:]
-    return float(m.group(1)) * _UNIT[m.group(2)], int(m.group(5))
+    return float(m.group(1)) * _UNIT[m.group(2)], int(m.group(3))
 
 
 def test_fit_breakdown_adds_up_and_loads(make_model) -> None:
@@ -210,3 +209,38 @@ def test_page_cache_is_not_counted_as_used(make_model, tmp_path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     before, after = (int(x) for x in res.stdout.split())
     assert after > before - 48 * MIB, (before / MIB, after / MIB)
+
+
+_CHOSE = re.compile(r"auto chose ([0-9.]+) (B|KiB|MiB|GiB|TiB) \((\d+) of \d+ experts per layer at least\): "
+                    r"([0-9.]+) (B|KiB|MiB|GiB|TiB) available .* KV cache ([0-9.]+) (B|KiB|MiB|GiB|TiB) - compute "
+                    r"([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+
+
+@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+def test_python_and_the_tools_choose_alike(make_model, tmp_path, monkeypatch) -> None:
+    """One policy in two languages (common_longhaul_fit in common, longhaul_cpp.fit in Python, both on the library's
+    llama_longhaul_measure): given the memory the tool saw, Python's search picks the tool's budget, where a cap
+    decides it (printed to 0.01 of its unit: compared within that)."""
+    from longhaul_cpp import fit as fit_mod
+
+    model = _model(make_model, BIG)
+    with MemoryCap(192 * MIB) as cap:
+        res = run_process(_completion(model, tmp_path / "log.txt", "--longhaul", "--longhaul-cache", "auto"),
+                          cap=cap, timeout=600)
+    log = (tmp_path / "log.txt").read_text(errors="replace")
+    m = _CHOSE.search(log)
+    assert res.returncode == 0 and m, log[-3000:]
+    size = lambda i: float(m.group(i)) * _UNIT[m.group(i + 1)]  # noqa: E731
+    budget, avail = size(1), int(size(4))
+    assert BIG.budget_for(1) <= budget < BIG.budget_for(BIG.n_expert)
+    real = fit_mod._measure
+
+    def pinned(*args):
+        f = real(*args)
+        return dataclasses.replace(f, available=avail, headroom=max(fit_mod.HEADROOM_MIN, avail // fit_mod.HEADROOM_DIV))
+
+    monkeypatch.setattr(fit_mod, "_measure", pinned)
+    py = fit_longhaul_cache(model, context_params={"n_ctx": 256, "n_batch": 2048, "n_ubatch": 512})
+    # the same context (KV cache, compute buffers as the tool printed them), the same slots, the same budget
+    assert abs(py.context - size(6)) <= 0.01 * MIB and abs(py.compute - size(8)) <= 0.01 * MIB, (py, m.group(0))
+    assert py.n_slots == int(m.group(3)) and abs(py.budget - budget) <= 0.01 * MIB + 0.005 * budget, (py, m.group(0))

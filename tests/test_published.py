@@ -31,7 +31,7 @@ import json, re, sys
 import numpy as np
 from longhaul_cpp import LoadMode, Model
 from longhaul_cpp._lib import lib
-from longhaul_cpp.model import fit_longhaul_cache
+from longhaul_cpp.fit import fit_longhaul_cache
 
 def status():
     s = open("/proc/self/status").read()

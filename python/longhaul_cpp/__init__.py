@@ -2,9 +2,10 @@
 from importlib import metadata as _metadata
 
 from ._lib import LlamaError, lib
-from .longhaul import CacheFit, LayerStats, LonghaulStats, parse_cache_size, plain_expert_banks
+from .fit import CacheFit, fit_longhaul_cache
+from .longhaul import LayerStats, LonghaulStats, parse_cache_size, plain_expert_banks
 from .context import Context, greedy_generate
-from .model import Model, fit_longhaul_cache
+from .model import Model
 from .params import LoadMode, LonghaulFlag
 from .routing import Routing
 from .llama import Llama

@@ -260,22 +260,21 @@ void llama_longhaul_test_fail_read(uint64_t n);
 void llama_longhaul_test_plain_experts(bool plain);
 bool llama_model_longhaul_record_routing(struct llama_model * model, int64_t max_ids);
 int64_t llama_model_longhaul_routing(const struct llama_model * model, int32_t * dst, int64_t n, bool * truncated);
-struct llama_longhaul_fit {
-    uint64_t budget;
+struct llama_longhaul_measurement {
     uint64_t available;
     uint64_t resident;
     uint64_t context;
     uint64_t compute;
     uint64_t io;
-    uint64_t headroom;
     uint64_t cache;
     uint64_t min_budget;
     uint64_t max_budget;
     int32_t  n_slots;
     int32_t  n_expert;
+    char     source[128];
 };
-bool llama_longhaul_fit_cache(const char * path_model, struct llama_model_params mparams,
-                              struct llama_context_params cparams, struct llama_longhaul_fit * fit);
+bool llama_longhaul_measure(const char * path_model, struct llama_model_params mparams,
+                            struct llama_context_params cparams, struct llama_longhaul_measurement * out);
 struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
 
 struct llama_sampler_chain_params {
@@ -358,7 +357,7 @@ PROBED_STRUCTS = [
     "struct llama_context_params",
     "struct llama_perf_context_data",
     "struct llama_longhaul_stats",
-    "struct llama_longhaul_fit",
+    "struct llama_longhaul_measurement",
     "struct llama_sampler_chain_params",
     "struct llama_chat_message",
 ]

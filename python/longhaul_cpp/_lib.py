@@ -6,11 +6,12 @@ callback, and the recent error lines used to build exception messages.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +64,7 @@ class _Log:
         self.seq = 0
         self.partial = ""
         self.level = 2
+        self.quiet = 0  # > 0: the library's lines below errors are logged at DEBUG (its dry runs)
 
     def __call__(self, level: int, text: bytes) -> None:
         msg = ffi.string(text).decode("utf-8", "replace")
@@ -78,7 +80,7 @@ class _Log:
                 for line in lines.splitlines():
                     self.seq += 1
                     self.recent.append((self.seq, lvl, line.strip()))
-        logger.log(_LEVELS.get(lvl, logging.INFO), "%s", lines)
+        logger.log(logging.DEBUG if self.quiet and lvl < 4 else _LEVELS.get(lvl, logging.INFO), "%s", lines)
 
     def mark(self) -> int:
         with self.lock:
@@ -135,6 +137,18 @@ def lib():
 
 def log_mark() -> int:
     return _log.mark()
+
+
+@contextlib.contextmanager
+def quiet_log() -> Iterator[None]:
+    """The library's lines below errors are logged at DEBUG inside (dry runs: the real load logs the model once)."""
+    with _log.lock:
+        _log.quiet += 1
+    try:
+        yield
+    finally:
+        with _log.lock:
+            _log.quiet -= 1
 
 
 def raise_error(what: str, mark: int, rewrite: Callable[[str], str] | None = None) -> None:

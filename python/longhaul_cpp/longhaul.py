@@ -60,7 +60,7 @@ def parse_cache_size(value: float | int | str) -> int:
 
 
 def is_auto_budget(value: object) -> bool:
-    """`longhaul_cache="auto"` (any case): the library chooses the budget (llama_longhaul_fit_cache)."""
+    """`longhaul_cache="auto"` (any case): the budget is chosen at load (longhaul_cpp.fit)."""
     return isinstance(value, str) and value.strip().lower() == "auto"
 
 
@@ -92,29 +92,6 @@ def gib_arg(n_bytes: int) -> str:
     """A budget in bytes as the GiB that `--longhaul-cache` takes: n / 2^30 is exact in binary and its
     repr parses back to the same double, so the library gets exactly n bytes."""
     return repr(n_bytes / 2**30)
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheFit:
-    """The budget `longhaul_cache="auto"` chose (`llama_longhaul_fit`), and what the rest of the memory holds.
-    Bytes: budget = available - resident - context - compute - io - headroom, at most max_budget."""
-
-    budget: int
-    available: int   # memory the process may still use: the lowest of the cgroup limits and the system's
-    resident: int    # model weights outside the expert cache
-    context: int     # KV cache and recurrent state at the context parameters
-    compute: int     # compute buffers
-    io: int          # read and staging buffers (outside the budget)
-    headroom: int    # 5 % of available, at least 64 MiB
-    cache: int       # bytes of the slots the budget buys
-    min_budget: int  # one slot per routed MoE layer
-    max_budget: int  # every expert cached
-    n_slots: int     # fewest slots of any routed layer
-    n_expert: int    # most experts of any routed layer
-
-    @classmethod
-    def from_c(cls, s: Any) -> CacheFit:
-        return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True)

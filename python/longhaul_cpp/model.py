@@ -11,34 +11,12 @@ import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, logger, raise_error
 from .context import Context
-from .longhaul import (CacheFit, LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice,
-                       size_arg)
+from .fit import CacheFit, fit_budget
+from .longhaul import LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice, size_arg
 from .modelinfo import inspect_model
 from .params import LoadMode, LonghaulFlag, buft_overrides, set_fields
 from .params import context_params as context_params_struct
 from .routing import DEFAULT_MAX_IDS, Routing
-
-
-def _fit_cache(path: Path, mparams: Any, context_params: Mapping[str, Any]) -> CacheFit:
-    fit = ffi.new("struct llama_longhaul_fit *")
-    mark = log_mark()
-    if not lib().llama_longhaul_fit_cache(os.fsencode(path), mparams, context_params_struct(**context_params), fit):
-        raise_error(f"no longhaul cache budget fits for {path}", mark)
-    return CacheFit.from_c(fit)
-
-
-def fit_longhaul_cache(path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
-                       context_params: Mapping[str, Any] | None = None, **params: Any) -> CacheFit:
-    """The budget `longhaul_cache="auto"` would choose for this model, and the breakdown of the memory
-    available (dry runs, nothing allocated). `context_params` are the context's (Model.context()'s
-    defaults when None); other keyword arguments are `llama_model_params` fields. Raises LlamaError
-    naming the shortfall when not even one expert slot per routed layer fits."""
-    p = lib().llama_model_default_params()
-    set_fields(p, "struct llama_model_params",
-                {"load_mode": LoadMode.LONGHAUL, "n_gpu_layers": n_gpu_layers, **params})
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"model file not found: {path}")
-    return _fit_cache(Path(path), p, context_params or {})
 
 
 class Model(Handle):
@@ -87,7 +65,7 @@ class Model(Handle):
         p = L.llama_model_default_params()
         set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})
         if auto:
-            f = self.longhaul_fit = _fit_cache(self.path, p, context_params or {})
+            f = self.longhaul_fit = fit_budget(self.path, p, context_params_struct(**(context_params or {})))
             p.longhaul_cache_bytes = f.budget
             logger.info("longhaul: longhaul_cache='auto' chose %s (%d of %d experts per layer at least): %s available "
                         "- resident weights %s - KV cache %s - compute %s - read buffers %s - headroom %s",

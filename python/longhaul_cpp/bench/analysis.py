@@ -111,7 +111,7 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None, io_by
 
     # peak RSS against resident weights + budget + KV and buffers (+5 %); KV and compute buffers are taken
     # from the normal plain load's peak over its weights (the same context), longhaul's read and staging
-    # buffers (io_bytes, outside the budget by the spec) from the library (llama_longhaul_fit_cache)
+    # buffers (io_bytes, outside the budget by the spec) from the library (llama_longhaul_measure)
     resident = info.file_bytes - info.routed_bytes
     plain = [r for r in runs if r.scenario == "resident" and r.load == "normal" and r.layout == "plain" and r.ok]
     extra = max((r.peak_rss_gib * GIB - info.file_bytes for r in plain), default=0.0)

@@ -12,7 +12,7 @@ from .._lib import LlamaError
 from ..disk import drop_page_cache, read_bandwidth
 from ..longhaul import gib_arg
 from ..params import LonghaulFlag
-from ..model import fit_longhaul_cache
+from ..fit import fit_longhaul_cache
 from ..modelinfo import ModelInfo, inspect_model
 from ..plan import predict, random_prompt, record_run
 from ..tools import tool_path

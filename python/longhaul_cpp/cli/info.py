@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..longhaul import is_auto_budget, parse_cache_size, size_arg
-from ..model import fit_longhaul_cache
+from ..fit import fit_longhaul_cache
 from ..modelinfo import inspect_model
 
 
