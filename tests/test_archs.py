@@ -157,7 +157,7 @@ def check_arch(arch: str, path: Path, ran: list[str], refused: list[str], prefet
         budget = info.budget_for(n_slots) or 2**20
         flags = LonghaulFlag.PREFETCH if name.endswith("prefetch") else LonghaulFlag(0)
         try:
-            ids, logits, eff, st = greedy(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B",
+            ids, logits, eff, st = greedy(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget,
                                           longhaul_flags=flags)
         except LlamaError as e:
             ok = expected and re.search(expected, str(e)) and "--longhaul-cache" not in str(e)  # Python's words

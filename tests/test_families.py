@@ -79,7 +79,7 @@ def test_family_equals_normal_load(family_model, arch, shards) -> None:
     runs = [("all", spec.n_expert, False), ("2k", 2 * k, False), ("2k+prefetch", 2 * k, True), ("k", k, False),
             ("k-1", k - 1, False), ("1", 1, False)]
     for name, slots, prefetch in runs:
-        ids, logits, eff = _logits(path, N_UBATCH, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{info.budget_for(slots)}B",
+        ids, logits, eff = _logits(path, N_UBATCH, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=info.budget_for(slots),
                                    longhaul_flags=LonghaulFlag.PREFETCH if prefetch else LonghaulFlag(0))
         assert eff == (1 if slots < k else info.effective_ubatch(info.budget_for(slots), N_UBATCH)), name
         if eff not in normal:
@@ -130,7 +130,7 @@ def test_nextn_blocks_load_without_them_and_mtp_is_refused(family_model, arch) -
     path = family_model(arch)
     info = inspect_model(path)
     assert info.n_layer == SPECS[arch].n_layer and max(info.expert_bytes) < info.n_layer
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{info.budget_for(1)}B") as m:
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=info.budget_for(1)) as m:
         assert len(m.longhaul_stats().layers) == len(SPECS[arch].moe_layers())
     with pytest.raises(LlamaError, match=r"MTP layers .* not supported in longhaul mode; drop it, or load the model "
                                          r"without longhaul"):

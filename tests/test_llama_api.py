@@ -196,7 +196,7 @@ def test_wrong_arguments(llm, call, error, message) -> None:
 def test_constructor_errors(model) -> None:
     with pytest.raises(ValueError, match="unknown load_mode 'fast'"):
         Llama(model, load_mode="fast")
-    with pytest.raises(ValueError, match="longhaul_cache is required"):
+    with pytest.raises(ValueError, match="give the expert cache budget of LoadMode.LONGHAUL"):
         Llama(model, load_mode="longhaul")
     with pytest.raises(TypeError, match="unknown llama_model_params field 'n_gpu'"):
         Llama(model, n_gpu=3)

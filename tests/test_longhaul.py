@@ -231,7 +231,7 @@ def test_lru_evicts_with_a_small_cache(make_model) -> None:
 
 def test_budget_is_required(make_model) -> None:
     path = make_model(arch="qwen3moe")[0]
-    with pytest.raises(ValueError, match="longhaul_cache is required"):
+    with pytest.raises(ValueError, match="give the expert cache budget of LoadMode.LONGHAUL"):
         Model(path, load_mode=LoadMode.LONGHAUL)
     # the library's own check (a caller that bypasses the Python wrapper)
     with pytest.raises(LlamaError, match="the cache budget is required"):
@@ -243,9 +243,9 @@ def test_budget_too_small_names_the_minimum(make_model) -> None:
     path = make_model(**dataclasses.asdict(spec))[0]
     minimum = spec.budget_for(1)
     with pytest.raises(LlamaError, match="less than one expert slot.*minimum budget") as e:
-        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{minimum - 1}B")
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=minimum - 1)
     assert re.search(r"the minimum budget is [0-9.]+ (B|KiB|MiB)", str(e.value)), str(e.value)
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{minimum}B") as m:
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=minimum) as m:
         assert all(layer.n_slots == 1 for layer in m.longhaul_stats().layers)
     # the value it suggests is a size the keyword takes (worded for Python), and it loads (a model below 1 MiB per
     # slot too)

@@ -110,7 +110,7 @@ def test_record_shape_and_the_last_layer(make_model) -> None:
 
 def test_record_is_bounded_and_needs_longhaul(make_model) -> None:
     path = _model(make_model)
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{inspect_model(path).budget_for(8)}B") as m, \
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=inspect_model(path).budget_for(8)) as m, \
             m.context(n_ctx=128, n_ubatch=16) as ctx:
         assert m.routing().layers == {}  # off until started
         m.record_routing(3 + 16 * 4 + 3 + 16 * 4 + 5)  # two whole entries and a little
@@ -213,7 +213,7 @@ def test_hit_timing_reads_nothing_and_needs_every_expert_of_a_token(make_model, 
     assert rec.hit_s is not None and rec.hit_s > 0
     assert {il: int(m.sum()) for il, m in replay(rec, info, rec.budget).lru.items()} == rec.misses
     toks = _prompt(8)
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{info.budget_for(4)}B") as m, \
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=info.budget_for(4)) as m, \
             m.context(n_ctx=64, n_threads=2) as ctx:
         ctx.decode(toks[:-1])
         state = ctx.state_get()

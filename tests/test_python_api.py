@@ -59,7 +59,7 @@ def test_info_matches_the_library(make_model, caplog) -> None:
     assert all(b == spec.expert_bytes() for b in info.expert_bytes.values())
     assert info.min_budget == spec.budget_for(1)
     budget = info.min_budget * 3 + 5  # 3 slots per layer: fewer than top-4, staged
-    with Model(paths[0], load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B") as m:
+    with Model(paths[0], load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget) as m:
         stats = m.longhaul_stats()
         with m.context(n_ctx=256, n_ubatch=512) as ctx:
             n_ubatch = ctx.n_ubatch
@@ -68,7 +68,7 @@ def test_info_matches_the_library(make_model, caplog) -> None:
     assert info.stages(budget) == 2
     # 6 slots of 16: a full ubatch runs in expert waves, as many as the library logs
     with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
-        with Model(paths[0], load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget * 2}B") as m, \
+        with Model(paths[0], load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget * 2) as m, \
                 m.context(n_ctx=512, n_batch=512, n_ubatch=512) as ctx:
             assert ctx.n_ubatch == 512
     assert info.waves(budget * 2, 512) >= 3
@@ -132,11 +132,33 @@ def test_no_leak_over_open_close_cycles(model) -> None:
 def test_library_refuses_the_auto_placeholder(make_model) -> None:
     """UINT64_MAX is the tools' placeholder for --longhaul-cache auto; a program that passes it to the library
     without resolving it is refused, not given every expert."""
-    from longhaul_cpp import LlamaError
+    import os
+
+    from longhaul_cpp import LlamaError, lib
+    from longhaul_cpp._lib import ffi, log_mark, raise_error
 
     path = make_model(arch="qwen3moe")[0]
+    p = lib().llama_model_default_params()
+    p.load_mode, p.longhaul_cache_bytes = LoadMode.LONGHAUL, 2**64 - 1  # past Python's own check, as a C caller
+    mark = log_mark()
+    assert lib().llama_model_load_from_file(os.fsencode(path), p) == ffi.NULL
     with pytest.raises(LlamaError, match="UINT64_MAX, the placeholder of --longhaul-cache auto"):
-        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache="1GiB", longhaul_cache_bytes=2**64 - 1)
+        raise_error("refused", mark)
+
+
+def test_budget_in_bytes(make_model) -> None:
+    """longhaul_cache_bytes=N takes the budget as a number of bytes (no "NB" string); given with longhaul_cache,
+    out of range, or without longhaul, it is refused by name."""
+    path = make_model(arch="qwen3moe")[0]
+    n = inspect_model(path).budget_for(3)
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=n) as m:
+        assert m.longhaul_budget == n and all(layer.n_slots == 3 for layer in m.longhaul_stats().layers)
+    for kw in ({"longhaul_cache": 1, "longhaul_cache_bytes": n}, {}, {"longhaul_cache_bytes": 0},
+               {"longhaul_cache_bytes": 2**64 - 1}, {"longhaul_cache_bytes": True}, {"longhaul_cache_bytes": 1.5}):
+        with pytest.raises(ValueError, match="longhaul_cache"):
+            Model(path, load_mode=LoadMode.LONGHAUL, **kw)
+    with pytest.raises(ValueError, match="only used with load_mode=LoadMode.LONGHAUL"):
+        Model(path, longhaul_cache_bytes=n)
 
 
 def test_verbose_llama_prints_the_plan(make_model, caplog) -> None:

@@ -109,7 +109,7 @@ def test_type_equals_default_load(f32_model, ftype, caplog) -> None:
     normal: dict[int, tuple[list[int], np.ndarray]] = {}
     converted = 0
     for name, budget in budgets(path).items():
-        ids, logits, eff, conv = logits_run(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B")
+        ids, logits, eff, conv = logits_run(path, 64, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget)
         converted += conv
         if eff not in normal:
             normal[eff] = logits_run(path, eff, load_mode=LoadMode.NONE)[:2]
@@ -122,7 +122,7 @@ def test_type_equals_default_load(f32_model, ftype, caplog) -> None:
     # and the plain-experts configuration (plain banks, plain slots) is exact too
     with plain_expert_banks():
         ids, logits, eff, conv = logits_run(path, 64, load_mode=LoadMode.LONGHAUL,
-                                            longhaul_cache=f"{budgets(path)['k']}B")
+                                            longhaul_cache_bytes=budgets(path)['k'])
         ref_ids, ref_logits = logits_run(path, eff, load_mode=LoadMode.NONE)[:2]
     assert conv == 0 and ids == ref_ids, f"{ftype}, plain experts"
     np.testing.assert_array_equal(logits, ref_logits, err_msg=f"{ftype}, plain experts")

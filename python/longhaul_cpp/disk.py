@@ -9,9 +9,9 @@ import threading
 import time
 from pathlib import Path
 
+from .longhaul import MIB
 from .paths import shard_list
 
-MIB = 2**20
 
 
 class DiskError(RuntimeError):

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ._lib import LlamaError, ffi, lib, log_mark, quiet_log, raise_error
-from .longhaul import size_text
+from .longhaul import MIB, size_text
 from .params import LoadMode, set_fields
 from .params import context_params as context_params_struct
 
 HEADROOM_DIV = 20            # COMMON_LONGHAUL_HEADROOM_DIV: 1/20 of the memory available stays free ...
-HEADROOM_MIN = 64 * 2**20    # COMMON_LONGHAUL_HEADROOM_MIN: ... at least 64 MiB
+HEADROOM_MIN = 64 * MIB      # COMMON_LONGHAUL_HEADROOM_MIN: ... at least 64 MiB
 _EVERY_EXPERT = 2**63 - 1    # a budget above every expert (UINT64_MAX / 2, as common measures it)
 
 

@@ -36,9 +36,10 @@ def failing_read(n: int) -> Iterator[None]:
         lib().llama_longhaul_test_fail_read(0)
 
 
+KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40  # the package's unit constants (one home)
 _MAX_BYTES = 2**63  # the library takes the budget as a uint64_t; above 2^63 the tools' GiB overflow
-_UNITS = {"": 2**30, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
-          "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+_UNITS = {"": GIB, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1e6, "mib": MIB,
+          "g": 1e9, "gb": 1e9, "gib": GIB, "t": 1e12, "tb": 1e12, "tib": TIB}
 
 
 def parse_cache_size(value: float | int | str) -> int:
@@ -47,9 +48,9 @@ def parse_cache_size(value: float | int | str) -> int:
         raise ValueError(f"longhaul_cache must be a size, got {value!r}")
     if isinstance(value, (int, float)):
         gib = float(value)
-        if not 0 < gib < _MAX_BYTES / 2**30:  # also NaN and infinity
+        if not 0 < gib < _MAX_BYTES / GIB:  # also NaN and infinity
             raise ValueError(f"longhaul_cache must be a size in GiB above 0 and below 2^33 (8 EiB), got {value!r}")
-        return int(gib * 2**30)
+        return int(gib * GIB)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"longhaul_cache '{value}' is not a size: use GiB as a number, or e.g. '2GiB', '512MiB'")
@@ -73,7 +74,7 @@ def python_budget_advice(message: str) -> str:
 
 def size_text(n_bytes: int) -> str:
     """A size for people: B, KiB, MiB or GiB with two decimals (the library's and the tools' rule)."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if n_bytes >= scale:
             return f"{n_bytes / scale:.2f} {unit}"
     return f"{n_bytes} B"
@@ -82,7 +83,7 @@ def size_text(n_bytes: int) -> str:
 def size_arg(n_bytes: int) -> str:
     """A size `--longhaul-cache` / `longhaul_cache=` accepts, readable (B, KiB, MiB or GiB with at most two decimals)
     and not below n_bytes: rounded up by less than 1 % of its unit, so a minimum budget stays one slot per layer."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if n_bytes >= scale:
             return f"{math.ceil(n_bytes * 100 / scale) / 100:g}{unit}"
     return f"{n_bytes}B"
@@ -91,7 +92,7 @@ def size_arg(n_bytes: int) -> str:
 def gib_arg(n_bytes: int) -> str:
     """A budget in bytes as the GiB that `--longhaul-cache` takes: n / 2^30 is exact in binary and its
     repr parses back to the same double, so the library gets exactly n bytes."""
-    return repr(n_bytes / 2**30)
+    return repr(n_bytes / GIB)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,8 @@ class Model(Handle):
     cache budget of LoadMode.LONGHAUL: GiB as a number, a string with a unit ("2GiB", "512MiB"), or
     "auto": the largest that fits in the memory available next to a context with
     `context_params` (Model.context()'s defaults when None); `longhaul_fit` then holds
-    the choice and its breakdown (CacheFit).
+    the choice and its breakdown (CacheFit). `longhaul_cache_bytes=N` (the C field) takes an exact
+    number of bytes instead.
     `tensor_buft_overrides` also takes a dict `{tensor name regex: buffer type name}`,
     like `-ot`: `{"ffn_.*_exps": "CPU"}` keeps the expert banks in the plain CPU layout.
     Split models load from the first shard's path.
@@ -45,13 +46,16 @@ class Model(Handle):
         self.longhaul_fit: CacheFit | None = None  # what longhaul_cache="auto" chose
         load_mode = LoadMode(load_mode)
         auto = is_auto_budget(longhaul_cache)
+        exact = params.get("longhaul_cache_bytes")
         if load_mode == LoadMode.LONGHAUL:
-            if longhaul_cache is None:
-                raise ValueError("longhaul_cache is required with LoadMode.LONGHAUL: the expert cache budget, "
-                                 "e.g. longhaul_cache=2 (GiB), longhaul_cache='512MiB' or longhaul_cache='auto'")
-            if not auto:
-                params.setdefault("longhaul_cache_bytes", parse_cache_size(longhaul_cache))
-        elif longhaul_cache is not None:
+            if (longhaul_cache is None) == (exact is None):
+                raise ValueError("give the expert cache budget of LoadMode.LONGHAUL once: longhaul_cache=2 (GiB), "
+                                 "longhaul_cache='512MiB' or longhaul_cache='auto', or longhaul_cache_bytes=N")
+            if exact is not None and (isinstance(exact, bool) or not isinstance(exact, int) or not 0 < exact < 2**63):
+                raise ValueError(f"longhaul_cache_bytes must be a number of bytes above 0 and below 2^63, got {exact!r}")
+            if longhaul_cache is not None and not auto:
+                params["longhaul_cache_bytes"] = parse_cache_size(longhaul_cache)
+        elif longhaul_cache is not None or exact is not None:
             raise ValueError("longhaul_cache is only used with load_mode=LoadMode.LONGHAUL")
         if context_params is not None and not auto:
             raise ValueError("context_params (the context longhaul_cache='auto' leaves room for) is only used with "

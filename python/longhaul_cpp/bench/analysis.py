@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..longhaul import GIB, MIB
 from ..modelinfo import ModelInfo
-from .config import GIB, MIB
 from .results import Run
 
 

@@ -6,8 +6,6 @@ from pathlib import Path
 
 from ..synthetic import SyntheticSpec
 
-GIB = 1024**3
-MIB = 1024**2
 
 # the benchmark models (qwen35moe layout, Q4_0 experts, Q8_0 other weights)
 BENCH_MODELS: dict[str, SyntheticSpec] = {

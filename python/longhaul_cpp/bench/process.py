@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..longhaul import GIB, MIB
 from ..paths import shard_list
-from .config import GIB, MIB, BenchError
+from .config import BenchError
 
 
 @dataclasses.dataclass

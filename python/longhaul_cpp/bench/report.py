@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..longhaul import MIB
 from ..modelinfo import inspect_model
 from .analysis import analyse
-from .config import MIB
 from .results import Run
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .config import GIB
+from ..longhaul import GIB
 
 LOADS = ("normal", "mmap", "longhaul")  # llama-bench -lm none | mmap | longhaul
 LAYOUTS = ("repacked", "plain")         # optimized CPU buffer types on (default) | --repack 0

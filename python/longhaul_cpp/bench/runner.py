@@ -10,14 +10,14 @@ from typing import Any
 
 from .._lib import LlamaError
 from ..disk import drop_page_cache, read_bandwidth
-from ..longhaul import gib_arg
-from ..params import LonghaulFlag
 from ..fit import fit_longhaul_cache
+from ..longhaul import GIB, MIB, gib_arg
 from ..modelinfo import ModelInfo, inspect_model
+from ..params import LonghaulFlag
 from ..plan import predict, random_prompt, record_run
 from ..tools import tool_path
 from .analysis import analyse
-from .config import BENCH_MODELS, GIB, MIB, BenchConfig, BenchError
+from .config import BENCH_MODELS, BenchConfig, BenchError
 from .models import bench_model
 from .process import MemoryCap, machine, run_process, warm_page_cache
 from .results import Run

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..longhaul import parse_cache_size, size_text
+from ..longhaul import MIB, parse_cache_size, size_text
 from ..model import LoadMode, Model
 from ..modelinfo import inspect_model
 from .common import add_spec_args, cached_model, spec_from
@@ -63,7 +63,7 @@ def _peak_rss() -> int | None:
 def _one_load(path: str, longhaul_budget: int | None, prompt: str, n_predict: int) -> dict[str, Any]:
     """One load and its generation, in a process of its own (so that its peak RSS is its own)."""
     mode = LoadMode.LONGHAUL if longhaul_budget else LoadMode.NONE
-    kw = {"longhaul_cache": f"{longhaul_budget}B"} if longhaul_budget else {}
+    kw = {"longhaul_cache_bytes": longhaul_budget} if longhaul_budget else {}
     with Model(path, load_mode=mode, n_gpu_layers=0, **kw) as model:
         ids, tp, tg, n_prompt = _generate_timed(model, prompt, n_predict)
         stats = model.longhaul_stats() if longhaul_budget else None
@@ -89,8 +89,8 @@ def _spread(rs: list[dict[str, Any]]) -> float:
 
 
 def _memory(peak_rss: int | None, expert_bytes: int) -> str:
-    rss = "n/a" if peak_rss is None else f"{peak_rss / 2**20:7.1f} MiB"
-    return f"peak RSS {rss}, routed experts in memory {expert_bytes / 2**20:7.1f} MiB"
+    rss = "n/a" if peak_rss is None else f"{peak_rss / MIB:7.1f} MiB"
+    return f"peak RSS {rss}, routed experts in memory {expert_bytes / MIB:7.1f} MiB"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         path = cached_model(spec)[0]
         print(f"model: {path}\n  synthetic {spec.arch}, {spec.n_layer} layers, {spec.n_expert} experts (top-"
               f"{spec.n_expert_used}), {spec.expert_type} experts, "
-              f"{spec.budget_for(spec.n_expert) / 2**20:.1f} MiB of routed experts")
+              f"{spec.budget_for(spec.n_expert) / MIB:.1f} MiB of routed experts")
     if args.longhaul_cache is not None:
         budget = parse_cache_size(args.longhaul_cache)
     elif spec is not None:

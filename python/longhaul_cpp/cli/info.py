@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..longhaul import is_auto_budget, parse_cache_size, size_arg
 from ..fit import fit_longhaul_cache
+from ..longhaul import GIB, MIB, is_auto_budget, parse_cache_size, size_arg
 from ..modelinfo import inspect_model
 
 
@@ -22,16 +22,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     info = inspect_model(args.model)
-    mib = lambda b: f"{b / 2**20:.2f} MiB"  # noqa: E731
-    gib = lambda b: f"{b / 2**30:.3f} GiB"  # noqa: E731
-    print(f"model:          {info.path} ({len(info.shards)} file(s), {info.file_bytes / 2**30:.3f} GiB)")
+    mib = lambda b: f"{b / MIB:.2f} MiB"  # noqa: E731
+    gib = lambda b: f"{b / GIB:.3f} GiB"  # noqa: E731
+    print(f"model:          {info.path} ({len(info.shards)} file(s), {info.file_bytes / GIB:.3f} GiB)")
     print(f"architecture:   {info.arch}, {info.n_layer} layers, {len(info.expert_bytes)} routed MoE layers")
     print(f"experts:        {info.n_expert} routed per layer, {info.n_expert_used} used per token, "
           f"types {', '.join(info.expert_types) or '-'}")
     if info.expert_bytes:
         sizes = sorted(set(info.expert_bytes.values()))
         print(f"expert bytes:   {', '.join(mib(b) for b in sizes)} per expert (gate + up + down); "
-              f"{info.routed_bytes / 2**30:.3f} GiB of routed experts")
+              f"{info.routed_bytes / GIB:.3f} GiB of routed experts")
         print(f"minimum budget: {mib(info.min_budget)} (--longhaul-cache {size_arg(info.min_budget)})")
         print(f"resident:       {gib(info.resident_bytes)} of other weights stay in memory (as stored in the file)")
     if not info.supported:
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         per = sorted(set(slots.values()))
         print(f"budget {mib(budget)}: {', '.join(map(str, per))} slots per layer "
-              f"({sum(s * info.expert_bytes[il] for il, s in slots.items()) / 2**20:.2f} MiB cached), "
+              f"({sum(s * info.expert_bytes[il] for il, s in slots.items()) / MIB:.2f} MiB cached), "
               f"effective n_ubatch {info.effective_ubatch(budget, args.n_ubatch)} (of {args.n_ubatch}), "
               f"{info.stages(budget)} stage(s) per MoE layer, up to "
               f"{info.waves(budget, info.effective_ubatch(budget, args.n_ubatch))} expert wave(s) per ubatch")

@@ -5,6 +5,7 @@ import argparse
 import sys
 import time
 
+from ..longhaul import MIB
 from ..synthetic_gguf import make_model
 from .common import Progress, add_spec_args, spec_from
 
@@ -25,6 +26,6 @@ def run(args: argparse.Namespace) -> int:
     for p in paths:
         print(p)
     print(f"{spec.arch}: {spec.n_layer} layers, {spec.n_expert} experts (top-{spec.n_expert_used}), "
-          f"{spec.expert_type} experts, {size / 2**20:.1f} MiB in {len(paths)} file(s), "
+          f"{spec.expert_type} experts, {size / MIB:.1f} MiB in {len(paths)} file(s), "
           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 0

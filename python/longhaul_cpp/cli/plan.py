@@ -11,7 +11,7 @@ import numpy as np
 from ..longhaul import parse_cache_size
 from ..model import Model
 from ..plan import make_plan, random_prompt
-from ..plan.predict import GIB, MIB
+from ..longhaul import GIB, MIB
 from ..longhaul import size_arg, size_text
 from ..plan.report import plot, shown_rows, table, to_json
 

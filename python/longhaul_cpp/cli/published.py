@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..longhaul import GIB, MIB
 from ..published import PUBLISHED, sparse_files_supported, write_published
 
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     paths = write_published(args.name, args.out_dir)
     for p in paths:
         print(p)
-    size = sum(p.stat().st_size for p in paths) / 2**30
-    disk = sum(p.stat().st_blocks * 512 for p in paths) / 2**20
+    size = sum(p.stat().st_size for p in paths) / GIB
+    disk = sum(p.stat().st_blocks * 512 for p in paths) / MIB
     print(f"{args.name}: {size:.2f} GiB in {len(paths)} file(s), {disk:.1f} MiB on disk", file=sys.stderr)
     return 0

@@ -26,12 +26,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..longhaul import MIB
 from ..modelinfo import ModelInfo
 from .record import PhaseRun, RecordedRun
 from .replay import CachePolicy, policy_from_flags, replay_lru, replay_optimal
 
-MIB = 1024**2
-GIB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)

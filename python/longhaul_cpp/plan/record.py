@@ -109,7 +109,7 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     gen_run: PhaseRun | None = None
     hits: list[float | None] = []
     state, last = b"", 0
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=f"{budget}B", longhaul_flags=flags) as model, \
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget, longhaul_flags=flags) as model, \
             model.context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                           n_threads_batch=n_threads) as ctx:
         flags = int(model.longhaul_flags)

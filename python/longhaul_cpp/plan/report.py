@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..longhaul import size_text
-from .predict import GIB, BudgetRow
+from ..longhaul import GIB, size_text
+from .predict import BudgetRow
 
 
 def _f(v: float | None, spec: str) -> str:
