@@ -233,9 +233,15 @@ def test_budget_is_required(make_model) -> None:
     path = make_model(arch="qwen3moe")[0]
     with pytest.raises(ValueError, match="give the expert cache budget of LoadMode.LONGHAUL"):
         Model(path, load_mode=LoadMode.LONGHAUL)
-    # the library's own check (a caller that bypasses the Python wrapper)
+    # the library's own check (a C caller that bypasses the Python wrapper)
+    from longhaul_cpp._lib import log_mark, raise_error
+
+    p = lib().llama_model_default_params()
+    p.load_mode = LoadMode.LONGHAUL
+    mark = log_mark()
+    assert lib().llama_model_load_from_file(os.fsencode(path), p) == ffi.NULL
     with pytest.raises(LlamaError, match="the cache budget is required"):
-        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=1, longhaul_cache_bytes=0)
+        raise_error("refused", mark)
 
 
 def test_budget_too_small_names_the_minimum(make_model) -> None:
