@@ -2,8 +2,8 @@
 # Every prefix of the patch series builds and passes the library tests (run by hand, not in CI;
 # about 10 minutes with a warm ccache). The series is materialized into a scratch fork; each of its
 # commits is checked out in turn and built in one build folder (only what changed rebuilds):
-# libllama, common, test-longhaul (from the patch that adds it), test-llama-archs and
-# test-arg-parser; then the tests that exist at that commit run. The whole suite runs on the
+# libllama, common, test-longhaul and test-longhaul-args (from the patches that add them), test-llama-archs
+# and test-arg-parser; then the tests that exist at that commit run. The whole suite runs on the
 # complete series in CI (bash ci/test.sh).
 #   bash ci/check-series.sh [WORK_DIR]     (default build/check-series)
 set -euo pipefail
@@ -28,6 +28,7 @@ for c in $(git -C "$fork" rev-list --reverse upstream..HEAD); do
     targets=(llama test-llama-archs test-arg-parser)
     grep -q "test-longhaul" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul)
     grep -q "test-longhaul-offload" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul-offload)
+    grep -q "test-longhaul-args" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul-args)
     if ! ninja -C "$work/build" "${targets[@]}" >"$work/build-$n.log" 2>&1; then
         tail -n 30 "$work/build-$n.log"
         echo "check-series: patch $n ($subject) does not build (log: $work/build-$n.log)" >&2
@@ -39,6 +40,7 @@ for c in $(git -C "$fork" rev-list --reverse upstream..HEAD); do
     fi
     tests=("test-llama-archs -a qwen3moe" "test-llama-archs -a qwen35moe" "test-llama-archs -a laguna" "test-arg-parser")
     [ -x "$bin/test-longhaul" ] && grep -q "test-longhaul" "$fork/tests/CMakeLists.txt" && tests+=("test-longhaul")
+    grep -q "test-longhaul-args" "$fork/tests/CMakeLists.txt" && tests+=("test-longhaul-args")
     for t in "${tests[@]}"; do
         if ! LLAMA_ARG_TEST_OFFLINE=1 $bin/$t >"$work/test-$n.log" 2>&1; then
             tail -n 30 "$work/test-$n.log"

@@ -32,6 +32,11 @@ def test_arg_parser() -> None:
     assert "all tests OK" in _run("test-arg-parser")
 
 
+def test_longhaul_args() -> None:
+    """The command line of the longhaul load mode (tests/test-longhaul-args.cpp in the series)."""
+    assert "all tests OK" in _run("test-longhaul-args")
+
+
 def test_longhaul_planner() -> None:
     """The C++ unit tests of the longhaul planner (tests/test-longhaul.cpp in the series)."""
     assert "all checks passed" in _run("test-longhaul")
