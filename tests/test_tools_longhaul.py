@@ -197,12 +197,13 @@ def test_server_refusals(model, args, message) -> None:
 def test_help_and_readme_document_the_options() -> None:
     helptext = tool("llama-completion", "--help").stdout.decode()
     readme = (ROOT / "README.md").read_text()
-    for opt in ("--longhaul", "--longhaul-cache SIZE"):
+    switches = ("--longhaul-direct-io", "--longhaul-pipeline", "--longhaul-prefetch", "--longhaul-io-threads")
+    for opt in ("--longhaul", "--longhaul-cache SIZE", *switches):
         assert opt in helptext
-    for opt in ("--longhaul", "--longhaul-cache", "--load-mode longhaul"):
+    for opt in ("--longhaul", "--longhaul-cache", "--load-mode longhaul", *switches):
         assert opt in readme
     bench_help = tool("llama-bench", "--help").stdout.decode()
-    assert "longhaul" in bench_help and "--longhaul-cache" in bench_help
+    assert "longhaul" in bench_help and "--longhaul-cache" in bench_help and "--longhaul-io-threads" in bench_help
 
 
 # ---- llama-bench ------------------------------------------------------------------------------
