@@ -2,7 +2,7 @@
 
 Upstream's `test-llama-archs -o DIR` writes a random model of each architecture it lists with experts
 (`*-moe.gguf`: F32, a 128-token test vocabulary, the architecture's own tensors from its loader: shared experts,
-biases, selection biases, leading dense layers, interleaved MoE, MLA, ...); `-e 32,4` (series patch 0018) gives
+biases, selection biases, leading dense layers, interleaved MoE, MLA, ...); `-e 32,4` (series patch 0017) gives
 them 32 experts and top-4. A longhaul load must give the normal load's token ids and logits (every prompt position,
 then the decoded ones) bit for bit at the same ubatch, at every expert cached, 2k (also with the cross-layer
 prefetch on), k, k-1 and one slot per layer (one pass, expert waves, stages), or be refused with the library's

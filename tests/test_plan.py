@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from longhaul_cpp import LlamaError, LoadMode, LonghaulFlag, Model, Routing, SyntheticSpec
+from longhaul_cpp import LlamaError, LoadMode, LonghaulFlag, Model, Routing, RoutingRecorder, SyntheticSpec
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.plan import record as plan_record
 from longhaul_cpp.plan import (Lru, PhaseModel, PhaseRun, knee, predict, record_run, replay, replay_lru,
@@ -108,27 +108,33 @@ def test_record_shape_and_the_last_layer(make_model) -> None:
         assert a.min() >= 0 and a.max() < 32 and all(len(set(row)) == 4 for row in a.tolist())
 
 
-def test_record_is_bounded_and_needs_longhaul(make_model) -> None:
+def test_record_is_bounded_and_works_in_any_load(make_model) -> None:
+    """RoutingRecorder reads the ids through a normal load's eval callback: off until started, bounded (whole
+    entries only), restartable. (That the routing equals a longhaul load's at every budget: the replay tests.)"""
     path = _model(make_model)
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=inspect_model(path).budget_for(8)) as m, \
-            m.context(n_ctx=128, n_ubatch=16) as ctx:
-        assert m.routing().layers == {}  # off until started
-        m.record_routing(3 + 16 * 4 + 3 + 16 * 4 + 5)  # two whole entries and a little
+    info = inspect_model(path)
+    rec = RoutingRecorder()
+    with Model(path) as m, m.context(n_ctx=128, n_ubatch=16, routing=rec) as ctx:
         ctx.decode(_prompt(16))
-        r = m.routing()
+        assert rec.routing().layers == {}  # off until started
+        rec.start(3 + 16 * 4 + 3 + 16 * 4 + 5)  # two whole entries and a little
+        ctx.reset()
+        ctx.decode(_prompt(16))
+        r = rec.routing()
         assert r.truncated and len(r.layers) == 2 and all(a.shape == (16, 4) for a in r.layers.values())
         with pytest.raises(RoutingError, match="truncated"):
             r.check_complete(16, 1)
-        m.record_routing(0)  # stopped
+        rec.start()
+        rec.stop()  # stopped: nothing more is recorded
+        ctx.reset()
         ctx.decode(_prompt(4, seed=1))
-        assert m.routing().layers == {} and not m.routing().truncated
+        assert rec.routing().layers == {} and not rec.routing().truncated
         with pytest.raises(ValueError):
-            m.record_routing(-1)
-    with Model(path, load_mode=LoadMode.NONE) as m:
-        with pytest.raises(LlamaError, match="longhaul mode"):
-            m.record_routing()
-        with pytest.raises(LlamaError, match="longhaul mode"):
-            m.routing()
+            rec.start(0)
+    # a longhaul context refuses an eval callback (it would see slot ids where imatrix reads expert ids)
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=info.budget_for(4)) as m:
+        with pytest.raises(LlamaError, match="eval callback"):
+            m.context(n_ctx=128, routing=rec)
 
 
 def test_routing_parse_rejects_malformed_records() -> None:

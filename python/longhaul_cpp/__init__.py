@@ -7,7 +7,7 @@ from .longhaul import LayerStats, LonghaulStats, parse_cache_size, plain_expert_
 from .context import Context, greedy_generate
 from .model import Model
 from .params import LoadMode, LonghaulFlag
-from .routing import Routing
+from .routing import Routing, RoutingRecorder
 from .llama import Llama
 from .synthetic import SyntheticSpec
 from .synthetic_gguf import make_model
@@ -15,7 +15,7 @@ from .tools import tool_path
 
 __all__ = [
     "CacheFit", "Context", "LayerStats", "Llama", "LlamaError", "LoadMode", "LonghaulFlag", "LonghaulStats", "Model",
-    "Routing", "SyntheticSpec", "parse_cache_size",
+    "Routing", "RoutingRecorder", "SyntheticSpec", "parse_cache_size",
     "fit_longhaul_cache", "greedy_generate", "make_model", "lib", "plain_expert_banks", "tool_path",
 ]
 try:

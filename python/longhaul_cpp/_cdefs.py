@@ -22,6 +22,24 @@ typedef bool (*ggml_backend_sched_eval_callback)(struct ggml_tensor * t, bool as
 typedef struct ggml_backend_device * ggml_backend_dev_t;
 typedef struct ggml_backend_buffer_type * ggml_backend_buffer_type_t;
 enum ggml_type { GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q8_0 = 8, GGML_TYPE_BF16 = 30 };
+struct ggml_tensor {
+    enum ggml_type type;
+    struct ggml_backend_buffer * buffer;
+    int64_t ne[4];
+    size_t  nb[4];
+    int     op;
+    int32_t op_params[16];
+    int32_t flags;
+    struct ggml_tensor * src[10];
+    struct ggml_tensor * view_src;
+    size_t view_offs;
+    void * data;
+    char name[64];
+    void * extra;
+    char padding[8];
+};
+size_t ggml_nbytes(const struct ggml_tensor * tensor);
+void ggml_backend_tensor_get(const struct ggml_tensor * tensor, void * data, size_t offset, size_t size);
 
 void   ggml_backend_load_all_from_path(const char * dir_path);
 size_t ggml_backend_dev_count(void);
@@ -258,8 +276,6 @@ void llama_model_longhaul_stats_reset(struct llama_model * model);
 int32_t llama_model_longhaul_error(const struct llama_model * model, char * buf, size_t buf_size);
 void llama_longhaul_test_fail_read(uint64_t n);
 void llama_longhaul_test_plain_experts(bool plain);
-bool llama_model_longhaul_record_routing(struct llama_model * model, int64_t max_ids);
-int64_t llama_model_longhaul_routing(const struct llama_model * model, int32_t * dst, int64_t n, bool * truncated);
 struct llama_longhaul_measurement {
     uint64_t available;
     uint64_t resident;
@@ -349,6 +365,7 @@ void llama_perf_context_reset(struct llama_context * ctx);
 
 # struct name -> header it is declared in (for the probe)
 PROBED_STRUCTS = [
+    "struct ggml_tensor",
     "struct llama_batch",
     "struct llama_model_kv_override",
     "struct llama_model_tensor_buft_override",

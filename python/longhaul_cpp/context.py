@@ -9,6 +9,7 @@ import numpy as np
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, raise_error
 from .longhaul import python_budget_advice
 from .params import context_params
+from .routing import RoutingRecorder
 
 if TYPE_CHECKING:
     from .model import Model
@@ -19,11 +20,15 @@ class Context(Handle):
 
     _what = "context"
 
-    def __init__(self, model: Model, **params: Any) -> None:
+    def __init__(self, model: Model, *, routing: RoutingRecorder | None = None, **params: Any) -> None:
+        """`routing`: a RoutingRecorder that reads the routed expert ids through this context's eval callback."""
         self._ptr = ffi.NULL
         self.model = model
+        self.routing = routing  # keeps its callback alive as long as the context
         L = lib()
         p = context_params(**params)
+        if routing is not None:
+            p.cb_eval = routing.callback
         mark = log_mark()
         ptr = L.llama_init_from_model(model.ptr, p)
         if ptr == ffi.NULL:

@@ -16,7 +16,6 @@ from .longhaul import LayerStats, LonghaulStats, is_auto_budget, parse_cache_siz
 from .modelinfo import inspect_model
 from .params import LoadMode, LonghaulFlag, buft_overrides, set_fields
 from .params import context_params as context_params_struct
-from .routing import DEFAULT_MAX_IDS, Routing
 
 
 class Model(Handle):
@@ -177,27 +176,6 @@ class Model(Handle):
     def longhaul_stats_reset(self) -> None:
         lib().llama_model_longhaul_stats_reset(self.ptr)
 
-    def record_routing(self, max_ids: int = DEFAULT_MAX_IDS) -> None:
-        """Start recording the expert ids every routed MoE layer selects (a new record of at most `max_ids`
-        int32 values; 0 stops and frees it). Read it with `routing()`; start and read it between decodes."""
-        if max_ids < 0:
-            raise ValueError("max_ids must not be negative")
-        if not lib().llama_model_longhaul_record_routing(self.ptr, int(max_ids)):
-            raise LlamaError("the routing record needs a model loaded in longhaul mode (load_mode=LoadMode.LONGHAUL)")
-
-    def routing(self) -> Routing:
-        """The routing recorded since `record_routing()`: per routed layer, every token's expert ids."""
-        if not self.is_longhaul:
-            raise LlamaError("the routing record needs a model loaded in longhaul mode (load_mode=LoadMode.LONGHAUL)")
-        L = lib()
-        trunc = ffi.new("bool *")
-        n = int(L.llama_model_longhaul_routing(self.ptr, ffi.NULL, 0, trunc))
-        buf = np.empty(n, dtype=np.int32)
-        if n:
-            n = min(n, int(L.llama_model_longhaul_routing(self.ptr, ffi.cast("int32_t *", ffi.from_buffer(buf)), n,
-                                                          trunc)))
-        return Routing.parse(buf[:n], truncated=bool(trunc[0]))
-
     # -- vocab --
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
         data = text.encode("utf-8")
@@ -240,7 +218,8 @@ class Model(Handle):
 
     # -- contexts --
     def context(self, **params: Any) -> Context:
-        """A new context; keyword arguments are fields of `llama_context_params` (n_ctx, n_ubatch, ...)."""
+        """A new context; keyword arguments are fields of `llama_context_params` (n_ctx, n_ubatch, ...), and
+        `routing=RoutingRecorder()` to record the routed expert ids."""
         ctx = Context(self, **params)
         self._contexts.add(ctx)
         return ctx

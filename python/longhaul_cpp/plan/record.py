@@ -11,7 +11,7 @@ import numpy as np
 from ..context import Context
 from ..longhaul import LayerStats
 from ..model import LoadMode, Model
-from ..routing import DEFAULT_MAX_IDS, Routing
+from ..routing import DEFAULT_MAX_IDS, Routing, RoutingRecorder
 
 
 @dataclasses.dataclass
@@ -89,13 +89,30 @@ def time_hits(ctx: Context, model: Model, state: bytes, token: int, n: int) -> f
     return seconds / n if model.longhaul_stats().total.n_misses == s0.n_misses else None
 
 
+def record_routing(path: str | Path, prompt: np.ndarray, tokens: Sequence[int], *, n_ubatch: int,
+                   max_ids: int = DEFAULT_MAX_IDS, **context_params: int) -> Routing:
+    """The routing of decoding `prompt`, then `tokens` one at a time, through the eval callback of a normal load
+    (RoutingRecorder: no library API; a longhaul load's routing is a normal load's, bit for bit), with the
+    ubatch the longhaul context ran (n_ubatch: its effective one)."""
+    with Model(path) as model:
+        recorder = RoutingRecorder(model.meta("general.architecture") or "")
+        with model.context(n_ubatch=n_ubatch, routing=recorder, **context_params) as ctx:
+            recorder.start(max_ids)
+            if len(prompt):
+                ctx.decode(prompt)
+            for tok in tokens:
+                ctx.decode([int(tok)])
+            recorder.stop()
+    return recorder.routing()
+
+
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
                random_gen: bool = False, timed: int = 2, flags: int = 0) -> RecordedRun:
     """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) in
-    longhaul mode at `budget`, once to warm up (as a steady-state server would be) and then `timed` times: the
-    first timed repetition is recorded, and each phase keeps the faster of its timed repetitions (all of them
-    route alike). random_gen: feed random tokens instead of the greedy ones (llama-bench's tg workload; the same
+    longhaul mode at `budget`, once to warm up (as a steady-state server would be), then `timed` times, each phase
+    keeping its faster repetition (the first timed one gives the misses to check the replay against); the routing
+    of the same tokens is then recorded on a normal load (record_routing: all of them route alike). random_gen: feed random tokens instead of the greedy ones (llama-bench's tg workload; the same
     seed in every repetition). flags: `LonghaulFlag`s of the load."""
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
@@ -108,16 +125,16 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     prompt_run: PhaseRun | None = None
     gen_run: PhaseRun | None = None
     hits: list[float | None] = []
-    state, last = b"", 0
+    misses: dict[int, int] = {}
+    fed: list[int] = []  # the tokens each repetition decodes after the prompt (all alike)
+    cp = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_threads_batch=n_threads)
     with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget, longhaul_flags=flags) as model, \
-            model.context(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
-                          n_threads_batch=n_threads) as ctx:
+            model.context(n_ubatch=n_ubatch, **cp) as ctx:
         flags = int(model.longhaul_flags)
+        eff_ubatch = ctx.n_ubatch  # what the slots allow: the recording load runs the same ubatches
         for rep in range(1 + max(1, timed)):
             ctx.reset()
             rng = np.random.default_rng(1)
-            if rep == 1:
-                model.record_routing(max_ids)
             s0 = model.longhaul_stats()
             t0 = time.perf_counter()
             next_tok = int(toks[-1]) if len(toks) else 0
@@ -128,18 +145,18 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
             t1 = time.perf_counter()
             s1 = model.longhaul_stats()
             t_state = 0.0
+            state, last, fed = b"", 0, []
             for i in range(n_gen):
                 if i == n_gen - 1:  # the hit timing below decodes the last token again from here (not timed)
                     ts = time.perf_counter()
                     state, last = ctx.state_get(), next_tok
                     t_state = time.perf_counter() - ts
                 ctx.decode([next_tok])
+                fed.append(next_tok)
                 next_tok = pick()
             t2 = time.perf_counter() - t_state
             s2 = model.longhaul_stats()
-            if rep == 1:
-                routing = model.routing()
-                model.record_routing(0)
+            if rep == 1:  # the misses the replay must give (every repetition after the warm-up has the same)
                 misses = {b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)}
             # in every repetition, so that each starts alike (re-touching the experts the last decode used
             # changes no slot's LRU order anyway: the replay check would see it)
@@ -149,6 +166,7 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
             hits.append(hit)
             prompt_run = faster(prompt_run, PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total))
             gen_run = faster(gen_run, PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total))
+    routing = record_routing(path, toks, fed, n_ubatch=eff_ubatch, max_ids=max_ids, **cp)
     assert prompt_run is not None and gen_run is not None
     routing.check_complete(sum(calls), sum(outputs))
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,
