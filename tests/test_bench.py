@@ -197,6 +197,8 @@ def test_budget_fractions() -> None:
     assert parse_fractions("1/16,0.5,1") == (1 / 16, 0.5, 1.0)
     with pytest.raises(ValueError, match="must be in"):
         parse_fractions("2")
+    with pytest.raises(ValueError, match="not auto: the budget auto picks depends on the memory free"):
+        parse_fractions("1/4,auto")
 
 
 def test_budget_argument_is_exact() -> None:

@@ -259,6 +259,21 @@ def test_make_plan_measures_the_bandwidth(make_model) -> None:
     assert len(p.rows) == 32 and p.rows[0].n_slots == 1 and p.rows[-1].hit_lru_gen == 1.0
 
 
+def test_plan_takes_auto_as_its_budget(make_model) -> None:
+    """budget="auto" (--longhaul-cache auto): the run's budget is the one fit_longhaul_cache picks for the run's
+    own context, recorded in bytes; the replay at it matches the library."""
+    from longhaul_cpp.fit import fit_longhaul_cache
+    from longhaul_cpp.plan import make_plan
+
+    path = _model(make_model)
+    p = make_plan(path, _prompt(24), 4, n_threads=2, n_ubatch=16, budget="auto", bandwidth="run")
+    cp = {"n_ctx": 24 + 4 + 8, "n_batch": 2048, "n_threads": 2, "n_threads_batch": 2, "n_ubatch": 16}
+    assert p.run.budget == fit_longhaul_cache(path, context_params=cp).budget
+    assert p.run.budget != inspect_model(path).budget_for(inspect_model(path).n_expert_used) and p.check_exact
+    with pytest.raises(ValueError, match="size"):
+        make_plan(path, _prompt(8), 1, n_threads=2, budget="lots")
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "longhaul_cpp", *args], capture_output=True, text=True, timeout=600)
 

@@ -113,6 +113,8 @@ def test_demo_command(tmp_path: Path) -> None:
     assert "longhaul runs MoE models whose experts do not fit in memory" in r.stdout
     assert "generated 16 tokens; identical to the normal load: yes" in r.stdout
     assert list((tmp_path / "models").glob("*.gguf"))  # cached for the next run
-    r2 = run([sys.executable, "-m", "longhaul_cpp", "demo", "-n", "16"], text=True, env=env)
+    # the cached model again, at the budget auto picks: the same tokens
+    r2 = run([sys.executable, "-m", "longhaul_cpp", "demo", "-n", "16", "--longhaul-cache", "auto"], text=True, env=env)
+    assert r2.returncode == 0 and "expert cache" in r2.stdout, r2.stderr
     ids = [line for line in r.stdout.splitlines() if line.startswith("token ids")]
     assert ids == [line for line in r2.stdout.splitlines() if line.startswith("token ids")]

@@ -263,6 +263,9 @@ def test_bench_requires_the_budget(model) -> None:
         r = bench(model, "--longhaul-cache", bad, "--n-prompt", "8", "--n-gen", "0")
         assert r.returncode > 0 and "error: --longhaul-cache: " in r.stderr.decode(), bad
         assert "expected a size" in r.stderr.decode() or "unknown unit" in r.stderr.decode(), bad
+    # auto depends on the memory free at each load: refused with the reason, not as a bad size
+    r = bench(model, "--longhaul-cache", "1,auto", "--n-prompt", "8", "--n-gen", "0")
+    assert r.returncode > 0 and "--longhaul-cache auto is not for llama-bench" in r.stderr.decode()
 
 
 def test_bench_budgets_with_units(model) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._lib import LlamaError, ffi, lib, log_mark, quiet_log, raise_error
-from .longhaul import MIB, size_text
+from .longhaul import MIB, is_auto_budget, parse_cache_size, size_text
 from .params import LoadMode, set_fields
 from .params import context_params as context_params_struct
 
@@ -133,3 +133,14 @@ def fit_longhaul_cache(path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
     if not Path(path).is_file():
         raise FileNotFoundError(f"model file not found: {path}")
     return fit_budget(Path(path), p, context_params_struct(**(context_params or {})))
+
+
+def budget_bytes(value: str | int, path: str | os.PathLike[str], *, n_gpu_layers: int = 0,
+                 context_params: Mapping[str, Any] | None = None) -> int:
+    """A budget given as a caller gives `longhaul_cache` (bytes, GiB as a number, a size such as "512MiB", or
+    "auto") in bytes: "auto" is the budget `fit_longhaul_cache` chooses for this model and context; the other
+    forms follow `parse_cache_size`. For the tools that take a budget and load the model themselves (the
+    planner's run, the demo)."""
+    if is_auto_budget(value):
+        return fit_longhaul_cache(path, n_gpu_layers=n_gpu_layers, context_params=context_params).budget
+    return value if isinstance(value, int) and not isinstance(value, bool) else parse_cache_size(value)

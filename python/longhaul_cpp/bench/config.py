@@ -51,6 +51,12 @@ def parse_fractions(text: str) -> tuple[float, ...]:
     out = []
     for part in text.split(","):
         part = part.strip()
+        if part.lower() == "auto":
+            raise ValueError("--budgets takes fractions of the routed experts, not auto: the budget auto picks "
+                             "depends on the memory free at each load, so the runs would not compare across "
+                             "machines or with each other; the cap scenario sizes its budget under the cap. To "
+                             "bench the budget auto picks here, see it with `longhaul-cpp info MODEL "
+                             "--longhaul-cache auto` and give its fraction of the routed experts")
         num, _, den = part.partition("/")
         v = float(num) / float(den) if den else float(num)
         if not 0 < v <= 1:

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..longhaul import MIB, parse_cache_size, size_text
+from ..fit import budget_bytes
+from ..longhaul import MIB, size_text
 from ..model import LoadMode, Model
 from ..modelinfo import inspect_model
 from .common import add_spec_args, cached_model, spec_from
@@ -19,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="generate a synthetic MoE model (cached) and run greedy generation on it")
     add_spec_args(p)
     p.add_argument("--model", help="use this GGUF instead of the synthetic model")
-    p.add_argument("--longhaul-cache", help="expert cache budget: GiB, or a size such as 512MiB "
+    p.add_argument("--longhaul-cache", help="expert cache budget: GiB, a size such as 512MiB, or auto "
                    "(default: a quarter of the synthetic model's routed experts)")
     p.add_argument("--prompt", default="The longhaul expert cache streams routed experts from disk.")
     p.add_argument("-n", "--n-predict", type=int, default=64)
@@ -32,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _generate_timed(model: Model, prompt: str, n_predict: int) -> tuple[list[int], float, float, int]:
     """Greedy generation; returns (ids, prompt seconds, generation seconds, prompt tokens)."""
-    with model.context(n_ctx=max(256, n_predict + 128)) as ctx:
+    with model.context(n_ctx=_n_ctx(n_predict)) as ctx:
         toks = model.tokenize(prompt)
         t0 = time.perf_counter()
         ctx.decode(toks)
@@ -58,6 +59,10 @@ def _peak_rss() -> int | None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # macOS: bytes, Linux: KiB
+
+
+def _n_ctx(n_predict: int) -> int:
+    return max(256, n_predict + 128)
 
 
 def _one_load(path: str, longhaul_budget: int | None, prompt: str, n_predict: int) -> dict[str, Any]:
@@ -104,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
               f"{spec.n_expert_used}), {spec.expert_type} experts, "
               f"{spec.budget_for(spec.n_expert) / MIB:.1f} MiB of routed experts")
     if args.longhaul_cache is not None:
-        budget = parse_cache_size(args.longhaul_cache)
+        budget = budget_bytes(args.longhaul_cache, path, context_params={"n_ctx": _n_ctx(args.n_predict)})
     elif spec is not None:
         budget = spec.budget_for(max(spec.n_expert_used, spec.n_expert // 4))
     else:

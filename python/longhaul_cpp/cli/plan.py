@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..longhaul import parse_cache_size
 from ..model import Model
 from ..plan import make_plan, random_prompt
 from ..longhaul import GIB, MIB
@@ -29,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="random prompt tokens without --prompt-file "
                    "(default 512)")
     p.add_argument("-n", "--n-predict", type=int, default=64, help="generated tokens (default 64)")
-    p.add_argument("--longhaul-cache", help="budget of the recorded run (default: n_expert_used slots per layer)")
+    p.add_argument("--longhaul-cache", help="budget of the recorded run: GiB, a size such as 512MiB, or auto (the largest that fits "
+                   "in the memory available; default: n_expert_used slots per layer)")
     p.add_argument("--bandwidth", help="disk bandwidth in MiB/s for the predictions, or 'run': the recorded run's "
                    "own read rate (the model's pages as cached now); default: measured with random expert reads "
                    "(dropping the page cache first needs root)")
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.bandwidth == "run":
         bandwidth = "run"
     prompt = _prompt(args)
-    budget = parse_cache_size(args.longhaul_cache) if args.longhaul_cache else None
+    budget = args.longhaul_cache or None  # a size or auto: resolved for the run's context (record_run)
     print(f"recording {len(prompt)} prompt tokens and {args.n_predict} generated tokens in longhaul mode ...",
           flush=True)
     p = make_plan(args.model, prompt, args.n_predict, n_threads=args.threads, budget=budget,

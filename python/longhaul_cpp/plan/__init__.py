@@ -54,9 +54,10 @@ def measure_bandwidth(path: Path, threads: int) -> tuple[float, str]:
 
 
 def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, n_threads: int,
-              budget: int | None = None, bandwidth: float | str | None = None, n_ubatch: int = 512,
+              budget: int | str | None = None, bandwidth: float | str | None = None, n_ubatch: int = 512,
               budgets: Sequence[int] | None = None) -> Plan:
-    """Record a run at `budget` (default: n_expert_used slots per layer), replay it at every budget, predict.
+    """Record a run at `budget` (default: n_expert_used slots per layer; bytes or any `longhaul_cache` value,
+    "auto" included), replay it at every budget, predict.
     bandwidth: bytes/s, "run" (the recorded run's own read rate) or None (measured by random expert reads)."""
     info = inspect_model(path)
     if not info.supported:
@@ -72,7 +73,7 @@ def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, 
         raise ValueError(f"bandwidth '{bandwidth}' must be bytes per second or 'run'")
     else:
         source = "given (--bandwidth)"
-    at_run = replay(run, info, budget)
+    at_run = replay(run, info, run.budget)
     check = {il: (int(at_run.lru[il].sum()), run.misses.get(il, -1)) for il in at_run.lru}
     rows = predict(run, info, bandwidth, budgets)
     return Plan(info=info, run=run, bandwidth=bandwidth, bandwidth_source=source, rows=rows, knee=knee(rows),
