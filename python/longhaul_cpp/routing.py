@@ -107,11 +107,12 @@ class RoutingRecorder:
         self.error, self.active = exc, False
 
     def _on_eval(self, t: Any, ask: bool, _user_data: Any) -> bool:
-        if not self.active or not ffi.string(t.name).startswith(_TOPK):
+        name = ffi.string(t.name) if self.active else b""
+        if not name.startswith(_TOPK):
             return False if ask else True
         if ask:
             return True
-        il = int(ffi.string(t.name)[len(_TOPK):])
+        il = int(name[len(_TOPK):])
         n_used, n_tokens = int(t.ne[0]), int(t.ne[1])
         raw = np.empty(int(lib().ggml_nbytes(t)), dtype=np.uint8)  # a view: its strided extent
         lib().ggml_backend_tensor_get(t, ffi.from_buffer(raw), 0, raw.nbytes)
