@@ -35,6 +35,16 @@ if ! "$venv/bin/python" -m pip install --no-input -q "${wheel}[test]" >"$log" 2>
     exit 1
 fi
 echo "ci/test.sh: installed into $venv in $(( $(date +%s) - start )) s"
+# llama-cpp-python, for the side-by-side tests of longhaul_cpp.Llama (tests/test_llama_cpp_python.py): built
+# from its sdist once (about 5 minutes on 2 cores, library only), then taken from pip's wheel cache
+if ! CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache" \
+        CCACHE_BASEDIR=/tmp "$venv/bin/python" -m pip install --no-input -q llama-cpp-python==0.3.36 >"$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "ci/test.sh: installing llama-cpp-python 0.3.36 (the side-by-side reference) failed" >&2
+    exit 1
+fi
+echo "ci/test.sh: llama-cpp-python 0.3.36 installed in $(( $(date +%s) - start )) s"
 
 # pytest exits 5 when it collected nothing: that is a failure here too
 "$venv/bin/python" -m pytest -ra -p no:cacheprovider tests "$@"

@@ -8,13 +8,16 @@ from .context import Context, greedy_generate
 from .model import Model
 from .params import LoadMode, LonghaulFlag
 from .routing import Routing, RoutingRecorder
+from .grammar import LlamaGrammar
 from .llama import Llama
+from .llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
 from .synthetic import SyntheticSpec
 from .synthetic_gguf import make_model
 from .tools import tool_path
 
 __all__ = [
-    "CacheFit", "Context", "LayerStats", "Llama", "LlamaError", "LoadMode", "LonghaulFlag", "LonghaulStats", "Model",
+    "CacheFit", "Context", "LayerStats", "Llama", "LlamaError", "LlamaGrammar", "LlamaState", "LogitsProcessorList",
+    "StoppingCriteriaList", "LoadMode", "LonghaulFlag", "LonghaulStats", "Model",
     "Routing", "RoutingRecorder", "SyntheticSpec", "parse_cache_size",
     "fit_longhaul_cache", "greedy_generate", "make_model", "lib", "plain_expert_banks", "tool_path",
 ]

@@ -56,6 +56,7 @@ struct llama_vocab;
 struct llama_model;
 struct llama_context;
 struct llama_sampler;
+struct llama_adapter_lora;
 typedef struct llama_memory_i * llama_memory_t;
 typedef int32_t llama_pos;
 typedef int32_t llama_token;
@@ -314,6 +315,15 @@ struct llama_sampler * llama_sampler_init_temp(float t);
 struct llama_sampler * llama_sampler_init_penalties(int32_t n_vocab, int32_t penalty_last_n, float penalty_repeat,
                                                     float penalty_freq, float penalty_present);
 int32_t llama_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx);
+typedef struct llama_token_data { llama_token id; float logit; float p; } llama_token_data;
+typedef struct llama_token_data_array { llama_token_data * data; size_t size; int64_t selected; bool sorted; } llama_token_data_array;
+void llama_sampler_accept(struct llama_sampler * smpl, llama_token token);
+void llama_sampler_apply(struct llama_sampler * smpl, llama_token_data_array * cur_p);
+struct llama_sampler * llama_sampler_init_typical(float p, size_t min_keep);
+struct llama_sampler * llama_sampler_init_mirostat(int32_t n_vocab, uint32_t seed, float tau, float eta, int32_t m);
+struct llama_sampler * llama_sampler_init_mirostat_v2(uint32_t seed, float tau, float eta);
+struct llama_sampler * llama_sampler_init_grammar(const struct llama_vocab * vocab, const char * grammar_str,
+                                                  const char * grammar_root);
 const char * llama_model_chat_template(const struct llama_model * model, const char * name);
 int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg, bool add_ass,
                                   char * buf, int32_t length);
@@ -330,6 +340,8 @@ int32_t llama_model_n_layer    (const struct llama_model * model);
 int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
 int32_t llama_model_meta_val_str(const struct llama_model * model, const char * key, char * buf, size_t buf_size);
 int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
+int32_t llama_model_meta_count(const struct llama_model * model);
+int32_t llama_model_meta_key_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
 uint64_t llama_model_size(const struct llama_model * model);
 uint64_t llama_model_n_params(const struct llama_model * model);
 
@@ -348,6 +360,22 @@ bool llama_vocab_is_eog(const struct llama_vocab * vocab, llama_token token);
 llama_token llama_vocab_bos(const struct llama_vocab * vocab);
 llama_token llama_vocab_eos(const struct llama_vocab * vocab);
 bool llama_vocab_get_add_bos(const struct llama_vocab * vocab);
+bool llama_vocab_get_add_eos(const struct llama_vocab * vocab);
+llama_token llama_vocab_sep(const struct llama_vocab * vocab);
+llama_token llama_vocab_nl(const struct llama_vocab * vocab);
+llama_token llama_vocab_fim_pre(const struct llama_vocab * vocab);
+llama_token llama_vocab_fim_suf(const struct llama_vocab * vocab);
+llama_token llama_vocab_fim_mid(const struct llama_vocab * vocab);
+const char * llama_vocab_get_text(const struct llama_vocab * vocab, llama_token token);
+bool llama_model_is_recurrent(const struct llama_model * model);
+bool llama_model_is_hybrid(const struct llama_model * model);
+bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+struct llama_adapter_lora * llama_adapter_lora_init(struct llama_model * model, const char * path_lora);
+void llama_adapter_lora_free(struct llama_adapter_lora * adapter);
+int32_t llama_set_adapters_lora(struct llama_context * ctx, struct llama_adapter_lora ** adapters, size_t n_adapters,
+                                float * scales);
+size_t llama_max_devices(void);
+void llama_numa_init(int numa);  // enum ggml_numa_strategy
 
 int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,
                        llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);
@@ -377,4 +405,6 @@ PROBED_STRUCTS = [
     "struct llama_longhaul_measurement",
     "struct llama_sampler_chain_params",
     "struct llama_chat_message",
+    "struct llama_token_data",
+    "struct llama_token_data_array",
 ]

@@ -1,89 +1,99 @@
-"""`Llama`: the high-level API of llama-cpp-python (completions and chat completions as OpenAI-shaped dicts
-or streamed chunks), over the package's Model and Context, with the longhaul load mode as a parameter.
-
-Code written for llama-cpp-python switches by changing the import and adding the load mode:
+"""`Llama`: llama-cpp-python 0.3.36's high-level API over the package's Model and Context, with the longhaul
+load mode as two more keyword arguments. A script written for llama-cpp-python switches by its import:
 
     from longhaul_cpp import Llama
     llm = Llama("model.gguf", n_ctx=4096, load_mode="longhaul", longhaul_cache="auto")
     llm.create_chat_completion([{"role": "user", "content": "Hi"}])["choices"][0]["message"]["content"]
+
+The constructor takes llama-cpp-python's arguments with its defaults; completions, chat completions,
+tokenize / detokenize, eval / generate, save_state / load_state, set_seed and reset behave as there,
+including the reuse of the prompt prefix the context already holds. What this package cannot honour
+is refused by name with the reason (llama_args.py).
 """
 from __future__ import annotations
 
-import logging
 import os
-import sys
-import time
-import uuid
+import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._lib import ffi, logger
+from ._lib import LlamaError, ffi, lib, logger
+from .chat import ChatPrompt, check_messages, resolve_formatter
 from .context import Context
+from .grammar import LlamaGrammar
+from .llama_args import LlamaArgs, configure_verbose
+from .llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
 from .longhaul import LonghaulStats, is_auto_budget
-from .model import LoadMode, Model
-from .sampling import DEFAULT_SEED, Sampler, SamplingParams, apply_chat_template, model_chat_template
-from .textstream import TextStream
-
-_CONTEXT_FIELDS = {name for name, _ in ffi.typeof("struct llama_context_params").fields}
-
-
-def _load_mode(value: LoadMode | str | int) -> LoadMode:
-    if isinstance(value, str):
-        try:
-            return LoadMode[value.strip().upper().replace("+", "_")]
-        except KeyError:
-            raise ValueError(f"unknown load_mode '{value}': use one of "
-                             f"{', '.join(m.name.lower() for m in LoadMode)}") from None
-    return LoadMode(value)
+from .model import Model
+from .sampling import DEFAULT_SEED, Sampler, SamplingParams
+from . import completion as _completion
 
 
 class Llama:
-    """A model and one context, answering completions and chat completions like llama-cpp-python's `Llama`.
+    """A model and one context, as llama-cpp-python's `Llama` (see the module's docstring).
 
-    `load_mode` ("longhaul", "mmap", ... or a LoadMode) and `longhaul_cache` ("2GiB", 2, "auto") choose how
-    the model is loaded; other keyword arguments are `llama_model_params` or `llama_context_params`
-    fields. `chat_format`: None uses the model's own template (tokenizer.chat_template), or a built-in
-    template name ("chatml", "llama3", ...). Sampling runs in the library's sampler chain.
+    Beyond llama-cpp-python's arguments: `load_mode` ("longhaul", "mmap", ... or a LoadMode; default:
+    from use_mmap / use_mlock as there) and `longhaul_cache` ("2GiB", 2, "auto"); other keyword arguments
+    are `llama_model_params` or `llama_context_params` fields (longhaul_flags=, longhaul_io_threads=, ...).
     """
 
-    def __init__(self, model_path: str | os.PathLike[str], *, n_ctx: int = 512, n_batch: int = 512,
-                 n_ubatch: int | None = None, n_threads: int | None = None, n_threads_batch: int | None = None,
-                 seed: int = DEFAULT_SEED, load_mode: LoadMode | str = LoadMode.AUTO,
-                 longhaul_cache: float | int | str | None = None, n_gpu_layers: int = 0,
-                 chat_format: str | None = None, verbose: bool = False, **params: Any) -> None:
-        if verbose and not logger.handlers:
-            h = logging.StreamHandler(sys.stderr)
-            h.setFormatter(logging.Formatter("%(message)s"))
-            logger.addHandler(h)
-            logger.setLevel(logging.INFO)
-        ctx_params = {k: params.pop(k) for k in list(params) if k in _CONTEXT_FIELDS}
-        ctx_params.update(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch or min(n_batch, 512))
-        if n_threads:
-            ctx_params["n_threads"] = n_threads
-        if n_threads_batch:
-            ctx_params["n_threads_batch"] = n_threads_batch
-        SamplingParams(seed=seed)  # checks the seed
-        self.seed = seed
+    def __init__(self, model_path: str | os.PathLike[str], *, n_gpu_layers: int = 0, split_mode: int = 1,
+                 main_gpu: int = 0, tensor_split: list[float] | None = None, vocab_only: bool = False,
+                 use_mmap: bool = True, use_mlock: bool = False,
+                 kv_overrides: dict[str, bool | int | float | str] | None = None, seed: int = DEFAULT_SEED,
+                 n_ctx: int = 512, n_batch: int = 512, n_ubatch: int = 512, n_threads: int | None = None,
+                 n_threads_batch: int | None = None, rope_scaling_type: int | None = -1, pooling_type: int = -1,
+                 attention_type: int = -1, rope_freq_base: float = 0.0, rope_freq_scale: float = 0.0,
+                 yarn_ext_factor: float = -1.0, yarn_attn_factor: float = 1.0, yarn_beta_fast: float = 32.0,
+                 yarn_beta_slow: float = 1.0, yarn_orig_ctx: int = 0, logits_all: bool = False,
+                 embedding: bool = False, offload_kqv: bool = True, flash_attn: bool = False,
+                 op_offload: bool | None = None, swa_full: bool | None = None, no_perf: bool = False,
+                 last_n_tokens_size: int = 64, lora_base: str | None = None, lora_scale: float = 1.0,
+                 lora_path: str | None = None, numa: bool | int = False, chat_format: str | None = None,
+                 chat_handler: Any = None, draft_model: Any = None, tokenizer: Any = None,
+                 type_k: int | None = None, type_v: int | None = None, spm_infill: bool = False,
+                 verbose: bool = True, load_mode: Any = None, longhaul_cache: float | int | str | None = None,
+                 **kwargs: Any) -> None:
+        self.verbose = verbose
+        configure_verbose(verbose)
+        args = LlamaArgs.build(locals())
         self.model_path = str(model_path)
-        mode = _load_mode(load_mode)
-        auto = is_auto_budget(longhaul_cache)
-        self.model = Model(model_path, load_mode=mode, longhaul_cache=longhaul_cache, n_gpu_layers=n_gpu_layers,
-                           context_params=dict(ctx_params) if auto else None, **params)
+        self._seed = seed or DEFAULT_SEED
+        self.last_n_tokens_size = last_n_tokens_size
+        self._logits_all = logits_all
+        self.spm_infill = spm_infill
+        self.lora_path, self.lora_base, self.lora_scale = lora_path, lora_base, lora_scale
+        self.chat_handler, self.draft_model, self.cache = chat_handler, None, None
+        self._model = Model(model_path, load_mode=args.load_mode, longhaul_cache=longhaul_cache,
+                            context_params=dict(args.context) if is_auto_budget(longhaul_cache) else None,
+                            **args.model)
         try:
-            self.ctx: Context = self.model.context(**ctx_params)
+            args.finish_context(self._model)
+            self.context_params = args.context
+            self._ctx: Context = self._model.context(**args.context)
+            self._lora = args.attach_lora(self._model, self._ctx)
         except BaseException:
-            self.model.close()
+            self._model.close()
             raise
-        if self.model.is_longhaul:
-            logger.info("%s", self.model.longhaul_plan(ctx_params["n_ubatch"]))
-        self.chat_format = chat_format
-        self._template = chat_format or model_chat_template(self.model)
+        self.n_batch = args.context["n_batch"]
+        self._n_ctx = self._ctx.n_ctx
+        self._n_vocab = self._model.n_vocab
+        self.tokenizer_ = tokenizer
+        self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
+        self.scores = np.zeros((self._n_ctx if logits_all else self.n_batch, self._n_vocab), dtype=np.single)
+        self.n_tokens = 0
+        self._requires_eval = True
+        self._is_recurrent = bool(lib().llama_model_is_recurrent(self._model.ptr) or
+                                  lib().llama_model_is_hybrid(self._model.ptr))
+        self.chat_format, self._formatter = (None, None) if chat_handler else resolve_formatter(self._model, chat_format)
+        if self._model.is_longhaul:
+            logger.info("%s", self._model.longhaul_plan(self._ctx.n_ubatch))
 
     # -- lifetime --
     def close(self) -> None:
-        self.model.close()  # closes the context too
+        self._model.close()  # closes the context too
 
     def __enter__(self) -> Llama:
         return self
@@ -91,208 +101,261 @@ class Llama:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- vocabulary --
-    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
-        """Token ids of `text` (bytes are UTF-8), with BOS when the model adds one and `add_bos`."""
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        return [int(t) for t in self.model.tokenize(text, add_special=add_bos, parse_special=special)]
+    # -- properties as llama-cpp-python has them --
+    @property
+    def model(self) -> Model:
+        return self._model
 
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        """The bytes of the tokens' pieces (as llama-cpp-python returns them)."""
-        return b"".join(self.model.token_to_piece(int(t)) for t in tokens)
+    @property
+    def ctx(self) -> Context:
+        return self._ctx
+
+    @property
+    def _input_ids(self) -> np.ndarray:
+        return self.input_ids[:self.n_tokens]
+
+    @property
+    def _scores(self) -> np.ndarray:
+        return self.scores[:self.n_tokens, :]
 
     def n_ctx(self) -> int:
-        return self.ctx.n_ctx
+        return self._n_ctx
+
+    def n_embd(self) -> int:
+        return self._model.n_embd
+
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    def token_bos(self) -> int:
+        return self._model.token_bos()
+
+    def token_eos(self) -> int:
+        return self._model.token_eos()
+
+    def token_nl(self) -> int:
+        return int(lib().llama_vocab_nl(self._model._vocab))
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return {k: v for k in self._model.meta_keys() if (v := self._model.meta(k, limit=1 << 20)) is not None}
 
     def longhaul_stats(self) -> LonghaulStats:
-        return self.model.longhaul_stats()
+        return self._model.longhaul_stats()
 
-    # -- completions --
-    def __call__(self, prompt: str | Sequence[int], **kw: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        return self.create_completion(prompt, **kw)
+    # -- vocabulary --
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of `text` (UTF-8 bytes; str is accepted too), with BOS when the model adds one."""
+        if self.tokenizer_ is not None:
+            return list(self.tokenizer_.tokenize(text if isinstance(text, bytes) else text.encode(), add_bos, special))
+        s = text.decode("utf-8", "replace") if isinstance(text, (bytes, bytearray)) else text
+        return [int(t) for t in self._model.tokenize(s, add_special=add_bos, parse_special=special)]
 
-    def create_completion(self, prompt: str | Sequence[int], max_tokens: int | None = 16, temperature: float = 0.8,
-                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05, repeat_penalty: float = 1.0,
-                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0, seed: int | None = None,
-                          stop: str | Sequence[str] | None = None, stream: bool = False, echo: bool = False,
-                          logprobs: int | None = None) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """An OpenAI `text_completion` dict, or with stream=True an iterator of its chunks."""
-        if logprobs is not None and (isinstance(logprobs, bool) or not 0 <= logprobs <= 20):
-            raise ValueError(f"logprobs must be None or an integer from 0 to 20, got {logprobs!r}")
-        tokens = self._prompt_tokens(prompt)
-        run = self._run(tokens, max_tokens, stream, self._sampling(
-            temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, seed), stop, logprobs)
-        head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_path}
-        prefix = (prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")) if echo else ""
-        if stream:
-            return self._completion_chunks(head, run, prefix)
-        text = prefix + "".join(piece for piece, _ in run)
-        return head | {"choices": [{"text": text, "index": 0, "logprobs": run.logprobs_dict(prefix),
-                                    "finish_reason": run.finish_reason}], "usage": run.usage()}
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        """The bytes of the tokens' pieces; a space after a leading BOS is dropped (llama-cpp-python's rule)."""
+        if self.tokenizer_ is not None:
+            return self.tokenizer_.detokenize(list(tokens), prev_tokens=prev_tokens, special=special)
+        out = b"".join(self._model.token_to_piece(int(t), special=special) for t in tokens)
+        if len(tokens) and int(tokens[0]) == self.token_bos() and out[:1] == b" ":
+            return out[1:]
+        return out
 
-    def _completion_chunks(self, head: dict[str, Any], run: _Run, prefix: str) -> Iterator[dict[str, Any]]:
-        if prefix:
-            yield head | {"choices": [{"text": prefix, "index": 0, "logprobs": None, "finish_reason": None}]}
-        for piece, lp in run:
-            yield head | {"choices": [{"text": piece, "index": 0, "logprobs": lp, "finish_reason": None}]}
-        yield head | {"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": run.finish_reason}],
-                      "usage": run.usage()}
+    # -- state --
+    def set_cache(self, cache: Any) -> None:
+        self.cache = cache
 
-    def create_chat_completion(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = None,
-                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
-                               repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
-                               presence_penalty: float = 0.0, seed: int | None = None,
-                               stop: str | Sequence[str] | None = None, stream: bool = False, logprobs: bool = False,
-                               top_logprobs: int | None = None) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """An OpenAI `chat.completion` dict, or with stream=True an iterator of `chat.completion.chunk`s. The
-        prompt is the chat template's rendering of `messages`, with the assistant's turn opened."""
-        if not self._template:
-            raise ValueError("the model has no chat template (tokenizer.chat_template): pass chat_format=, e.g. "
-                             "Llama(..., chat_format='chatml')")
-        if isinstance(messages, (str, bytes)) or not messages:
-            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
-        prompt = apply_chat_template(self._template, messages)
-        n_top = (top_logprobs or 0) if logprobs else None
-        run = self._run(self._prompt_tokens(prompt, special=True), max_tokens, stream, self._sampling(
-            temperature, top_k, top_p, min_p, repeat_penalty, frequency_penalty, presence_penalty, seed), stop, n_top)
-        head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": self.model_path}
-        if stream:
-            return self._chat_chunks(head, run)
-        text = "".join(piece for piece, _ in run)
-        return head | {"object": "chat.completion",
-                       "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                    "logprobs": run.chat_logprobs() if logprobs else None,
-                                    "finish_reason": run.finish_reason}],
-                       "usage": run.usage()}
+    def set_seed(self, seed: int) -> None:
+        self._seed = seed
 
-    def _chat_chunks(self, head: dict[str, Any], run: _Run) -> Iterator[dict[str, Any]]:
-        chunk = head | {"object": "chat.completion.chunk"}
-        yield chunk | {"choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}]}
-        for piece, _ in run:
-            yield chunk | {"choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}]}
-        yield chunk | {"choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": run.finish_reason}],
-                       "usage": run.usage()}
+    def reset(self) -> None:
+        """Forget the evaluated tokens: the next eval starts at position 0."""
+        self.n_tokens = 0
+        self._requires_eval = True
+        lib().llama_memory_clear(lib().llama_get_memory(self._ctx.ptr), True)
 
-    # -- internals --
-    def _sampling(self, temperature: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
-                  frequency_penalty: float, presence_penalty: float, seed: int | None) -> SamplingParams:
-        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+    def save_state(self) -> LlamaState:
+        data = self._ctx.state_get()[:-8]  # the context's bytes, without Context's own position suffix
+        return LlamaState(input_ids=self.input_ids.copy(), scores=self._scores.copy(), n_tokens=self.n_tokens,
+                          llama_state=data, llama_state_size=len(data), seed=self._seed)
+
+    def load_state(self, state: LlamaState) -> None:
+        self._ctx.state_set(bytes(state.llama_state)[:state.llama_state_size] + state.n_tokens.to_bytes(8, "little"))
+        rows = min(len(state.scores), len(self.scores))
+        self.scores[:rows] = state.scores[:rows]
+        self.input_ids = state.input_ids.copy()
+        self.n_tokens = state.n_tokens
+        self._requires_eval = True
+        self._seed = state.seed
+
+    # -- evaluation and sampling --
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Evaluate `tokens` after the ones evaluated so far (in batches of n_batch)."""
+        mem = lib().llama_get_memory(self._ctx.ptr)
+        lib().llama_memory_seq_rm(mem, -1, self.n_tokens, -1)
+        toks = [int(t) for t in tokens]
+        for i in range(0, len(toks), self.n_batch):
+            batch = toks[i:i + self.n_batch]
+            n_past = self.n_tokens
+            if n_past + len(batch) > self._n_ctx:
+                raise ValueError(f"Requested tokens ({n_past + len(batch)}) exceed context window of {self._n_ctx}")
+            self._ctx.n_past = n_past
+            self._ctx.decode(batch, all_logits=self._logits_all)
+            self.input_ids[n_past:n_past + len(batch)] = batch
+            if self._logits_all:
+                for j in range(len(batch)):
+                    self.scores[n_past + j] = self._ctx.logits(j)
+            self.n_tokens += len(batch)
+            self._requires_eval = False
+
+    def _sampler(self, sp: SamplingParams, grammar: LlamaGrammar | None,
+                 logits_processor: LogitsProcessorList | None) -> Sampler:
+        return Sampler(self._model, sp, grammar=None if grammar is None else grammar._grammar,
+                       logits_processor=logits_processor)
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True,
+               logits_processor: LogitsProcessorList | None = None, grammar: LlamaGrammar | None = None,
+               idx: int | None = None) -> int:
+        """One token from the last evaluated token's logits with a fresh sampler."""
+        if self.n_tokens == 0:
+            raise LlamaError("nothing evaluated yet: eval() a prompt before sample()")
+        sp = self._params(top_k, top_p, min_p, typical_p, temp, repeat_penalty, frequency_penalty, presence_penalty,
+                          mirostat_mode, mirostat_tau, mirostat_eta, self._seed)
+        with self._sampler(sp, grammar, logits_processor) as s:
+            return s.sample(self._ctx, self._input_ids)
+
+    def _params(self, top_k: int, top_p: float, min_p: float, typical_p: float, temp: float, repeat_penalty: float,
+                frequency_penalty: float, presence_penalty: float, mirostat_mode: int, mirostat_tau: float,
+                mirostat_eta: float, seed: int) -> SamplingParams:
+        return SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                               repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
-                              presence_penalty=presence_penalty, seed=self.seed if seed is None else seed)
+                              presence_penalty=presence_penalty, penalty_last_n=self.last_n_tokens_size,
+                              mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                              seed=seed)
 
-    def _prompt_tokens(self, prompt: str | Sequence[int], special: bool = True) -> list[int]:
-        if isinstance(prompt, str):
-            tokens = self.tokenize(prompt, add_bos=True, special=special)
-        elif isinstance(prompt, (bytes, bytearray)):
-            raise ValueError("prompt must be a str or a list of token ids, not bytes")
-        else:
-            tokens = [int(t) for t in prompt]
-            bad = [t for t in tokens if not 0 <= t < self.model.n_vocab]
-            if bad:
-                raise ValueError(f"prompt token ids out of range [0, {self.model.n_vocab}): {bad[:5]}")
-        if not tokens:
-            raise ValueError("the prompt is empty (no tokens)")
-        if len(tokens) >= self.ctx.n_ctx:
-            raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {self.ctx.n_ctx}")
+    def _reuse_prefix(self, tokens: list[int]) -> list[int]:
+        """What is left to evaluate of `tokens` after keeping the longest prefix the context already holds (at
+        least one token is evaluated again so that its logits are fresh); all of it when none is kept or the
+        memory cannot drop a suffix (recurrent state): then the context starts over."""
+        if self.n_tokens > 0:
+            n = min(self.n_tokens, len(tokens))
+            eq = self._input_ids[:n] == np.asarray(tokens[:n], dtype=np.intc)
+            same = n if eq.all() else int(np.argmin(eq))
+            keep = same - 1 if same == len(tokens) else same
+            mem = lib().llama_get_memory(self._ctx.ptr)
+            if keep > 0 and lib().llama_memory_seq_rm(mem, -1, keep, -1):
+                self.n_tokens = keep
+                self._requires_eval = True
+                if self.verbose:
+                    logger.info("Llama.generate: %d prefix-match hit, remaining %d prompt tokens to eval",
+                                keep, len(tokens) - keep)
+                return tokens[keep:]
+        self.reset()
         return tokens
 
-    def _run(self, tokens: list[int], max_tokens: int | None, stream: bool, sampling: SamplingParams,
-             stop: str | Sequence[str] | None, n_logprobs: int | None) -> _Run:
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-            raise ValueError(f"max_tokens must be an integer or None, got {max_tokens!r}")
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if not all(isinstance(s, str) for s in stops):
-            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
-        budget = self.ctx.n_ctx - len(tokens)
-        limit = budget if max_tokens is None or max_tokens <= 0 else min(max_tokens, budget)
-        return _Run(self, tokens, limit, Sampler(self.model, sampling), [s for s in stops if s], n_logprobs, stream)
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor: LogitsProcessorList | None = None,
+                 stopping_criteria: StoppingCriteriaList | None = None,
+                 grammar: LlamaGrammar | None = None) -> Iterator[int]:
+        """Evaluate `tokens` (reusing the prefix the context holds when `reset`, else appending) and yield
+        sampled tokens, each evaluated before the next is drawn, until the caller stops or a stopping
+        criterion returns True."""
+        sp = self._params(top_k, top_p, min_p, typical_p, temp, repeat_penalty, frequency_penalty, presence_penalty,
+                          mirostat_mode, mirostat_tau, mirostat_eta, self._seed)
+        todo = list(tokens)
+        if reset:
+            todo = self._reuse_prefix(todo)
+        with self._sampler(sp, grammar, logits_processor) as sampler:
+            while True:
+                if todo:
+                    self.eval(todo)
+                token = sampler.sample(self._ctx, self._input_ids)
+                if stopping_criteria is not None and stopping_criteria(self._input_ids, self._ctx.logits().copy()):
+                    return
+                extra = yield token
+                todo = [token] + list(extra or [])
+
+    # -- completions --
+    def _next_seed(self, seed: int | None) -> int:
+        """The seed of a request: its own, or the next of the Llama's sequence (llama-cpp-python's rule)."""
+        self.set_seed(seed if seed is not None else random.Random(self._seed).randint(0, 2**32))
+        return self._seed
+
+    def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
+                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+                          logprobs: int | None = None, echo: bool = False, stop: str | list[str] | None = [],  # noqa: B006
+                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                          top_k: int = 40, stream: bool = False, seed: int | None = None, tfs_z: float = 1.0,
+                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                          model: str | None = None, stopping_criteria: StoppingCriteriaList | None = None,
+                          logits_processor: LogitsProcessorList | None = None, grammar: LlamaGrammar | None = None,
+                          logit_bias: dict[int, float] | None = None) -> Any:
+        """An OpenAI `text_completion` dict, or with stream=True an iterator of its chunks."""
+        req = _completion.Request(prompt=prompt, suffix=suffix, max_tokens=max_tokens, logprobs=logprobs, echo=echo,
+                                  stop=stop, stream=stream, model=model, stopping_criteria=stopping_criteria,
+                                  logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias,
+                                  sampling=dict(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                                                temp=temperature, repeat_penalty=repeat_penalty,
+                                                frequency_penalty=frequency_penalty,
+                                                presence_penalty=presence_penalty, tfs_z=tfs_z,
+                                                mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                                                mirostat_eta=mirostat_eta), seed=seed)
+        chunks = _completion.run(self, req)
+        return chunks if stream else next(chunks)
+
+    def __call__(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
+                 temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+                 logprobs: int | None = None, echo: bool = False, stop: str | list[str] | None = [],  # noqa: B006
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                 top_k: int = 40, stream: bool = False, seed: int | None = None, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 model: str | None = None, stopping_criteria: StoppingCriteriaList | None = None,
+                 logits_processor: LogitsProcessorList | None = None, grammar: LlamaGrammar | None = None,
+                 logit_bias: dict[int, float] | None = None) -> Any:
+        return self.create_completion(prompt, suffix, max_tokens, temperature, top_p, min_p, typical_p, logprobs, echo,
+                                      stop, frequency_penalty, presence_penalty, repeat_penalty, top_k, stream, seed,
+                                      tfs_z, mirostat_mode, mirostat_tau, mirostat_eta, model, stopping_criteria,
+                                      logits_processor, grammar, logit_bias)
+
+    def create_chat_completion(self, messages: list[dict[str, Any]], functions: list[dict[str, Any]] | None = None,
+                               function_call: Any = None, tools: list[dict[str, Any]] | None = None,
+                               tool_choice: Any = None, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                               min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
+                               stop: str | list[str] | None = [], seed: int | None = None,  # noqa: B006
+                               response_format: dict[str, Any] | None = None, max_tokens: int | None = None,
+                               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                               repeat_penalty: float = 1.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
+                               logits_processor: LogitsProcessorList | None = None,
+                               grammar: LlamaGrammar | None = None, logit_bias: dict[int, float] | None = None,
+                               logprobs: bool | None = None, top_logprobs: int | None = None) -> Any:
+        """An OpenAI `chat.completion` dict, or with stream=True an iterator of `chat.completion.chunk`s."""
+        kw = dict(messages=messages, functions=functions, function_call=function_call, tools=tools,
+                  tool_choice=tool_choice, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                  typical_p=typical_p, stream=stream, stop=stop, seed=seed, response_format=response_format,
+                  max_tokens=max_tokens, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                  repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                  mirostat_eta=mirostat_eta, model=model, logits_processor=logits_processor, grammar=grammar,
+                  logit_bias=logit_bias, logprobs=logprobs, top_logprobs=top_logprobs)
+        if self.chat_handler is not None:
+            return self.chat_handler(llama=self, **kw)
+        check_messages(messages)
+        return _completion.chat(self, self._formatter, **kw)
+
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> Any:  # noqa: A002
+        raise NotImplementedError("embeddings are not provided by longhaul_cpp.Llama (and longhaul mode refuses them): "
+                                  "use llama-cpp-python or llama-server --embeddings with a normal load")
+
+    embed = create_embedding
+
+    def _chat_prompt(self, formatter: Any, messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> ChatPrompt:
+        return formatter(messages, extra)
 
 
-class _Run:
-    """One generation: iterating yields (text piece, logprobs of its tokens or None) as the text becomes
-    final (whole UTF-8 characters, never part of a stop string); finish_reason and the counts after."""
-
-    def __init__(self, llm: Llama, tokens: list[int], limit: int, sampler: Sampler, stops: list[str],
-                 n_logprobs: int | None, stream: bool) -> None:
-        self.llm, self.tokens, self.limit, self.sampler = llm, tokens, limit, sampler
-        self.stream = stream
-        self.n_logprobs = n_logprobs
-        self.text = TextStream(stops)
-        self.finish_reason: str | None = None
-        self.n_completion = 0
-        self.token_logprobs: list[tuple[str, float, dict[str, float]]] = []
-        self._pending_lp: list[tuple[str, float, dict[str, float]]] = []
-        self._it = self._generate()
-
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        return self._it
-
-    def _generate(self) -> Iterator[tuple[str, Any]]:
-        ctx, model = self.llm.ctx, self.llm.model
-        try:
-            ctx.reset()
-            ctx.decode(self.tokens)
-            self.finish_reason = "length"
-            while self.n_completion < self.limit:
-                tok = self.sampler.sample(ctx)
-                self.n_completion += 1
-                if model.is_eog(tok):
-                    self.finish_reason = "stop"
-                    break
-                if self.n_logprobs is not None:
-                    self._record_logprobs(tok)
-                piece, stopped = self.text.push(model.token_to_piece(tok))
-                if piece:
-                    yield piece, self._take_logprobs()
-                if stopped:
-                    self.finish_reason = "stop"
-                    break
-                if self.n_completion < self.limit:
-                    ctx.decode([tok])
-            tail = self.text.flush(incomplete=not self.stream)
-            if tail:
-                yield tail, self._take_logprobs()
-        finally:
-            self.sampler.close()
-
-    def _record_logprobs(self, tok: int) -> None:
-        z = self.llm.ctx.logits().astype(np.float64)
-        lp = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
-        top = np.argsort(-lp, kind="stable")[:self.n_logprobs]
-        piece = self.llm.model.token_to_piece
-        tops: dict[str, float] = {}
-        for t in top:  # byte tokens can share a text (U+FFFD): the likelier one keeps it
-            tops.setdefault(piece(int(t)).decode("utf-8", "replace"), float(lp[t]))
-        entry = (piece(tok).decode("utf-8", "replace"), float(lp[tok]), tops)
-        self.token_logprobs.append(entry)
-        self._pending_lp.append(entry)
-
-    def _take_logprobs(self) -> dict[str, Any] | None:
-        if self.n_logprobs is None:
-            return None
-        taken, self._pending_lp = self._pending_lp, []
-        return {"tokens": [t for t, _, _ in taken], "token_logprobs": [p for _, p, _ in taken],
-                "top_logprobs": [top for _, _, top in taken], "text_offset": []}
-
-    def logprobs_dict(self, prefix: str) -> dict[str, Any] | None:
-        if self.n_logprobs is None:
-            return None
-        offsets, pos = [], len(prefix)
-        for tok, _, _ in self.token_logprobs:
-            offsets.append(pos)
-            pos += len(tok)
-        return {"tokens": [t for t, _, _ in self.token_logprobs],
-                "token_logprobs": [p for _, p, _ in self.token_logprobs],
-                "top_logprobs": [top for _, _, top in self.token_logprobs], "text_offset": offsets}
-
-    def chat_logprobs(self) -> dict[str, Any]:
-        return {"content": [{"token": t, "logprob": p, "bytes": list(t.encode()),
-                             "top_logprobs": [{"token": k, "logprob": v, "bytes": list(k.encode())} for k, v in top.items()]}
-                            for t, p, top in self.token_logprobs]}
-
-    def usage(self) -> dict[str, int]:
-        n_prompt = len(self.tokens)
-        return {"prompt_tokens": n_prompt, "completion_tokens": self.n_completion,
-                "total_tokens": n_prompt + self.n_completion}
+__all__ = ["Llama", "LlamaGrammar", "LlamaState", "LogitsProcessorList", "StoppingCriteriaList", "ffi"]

@@ -116,10 +116,26 @@ class Model(Handle):
         """Bytes of all weights."""
         return int(lib().llama_model_size(self.ptr))
 
-    def meta(self, key: str) -> str | None:
-        buf = ffi.new("char[]", 1024)
-        n = lib().llama_model_meta_val_str(self.ptr, key.encode(), buf, 1024)
-        return None if n < 0 else ffi.string(buf).decode("utf-8", "replace")
+    def meta(self, key: str, *, limit: int = 1024) -> str | None:
+        """The metadata value of `key` as text (None when absent), read whole up to `limit` bytes."""
+        size = 1024
+        while True:
+            buf = ffi.new("char[]", size)
+            n = lib().llama_model_meta_val_str(self.ptr, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size or size >= limit:
+                return ffi.string(buf).decode("utf-8", "replace")
+            size = min(n + 1, limit)
+
+    def meta_keys(self) -> list[str]:
+        L = lib()
+        buf = ffi.new("char[]", 512)
+        keys = []
+        for i in range(L.llama_model_meta_count(self.ptr)):
+            L.llama_model_meta_key_by_index(self.ptr, i, buf, 512)
+            keys.append(ffi.string(buf).decode("utf-8", "replace"))
+        return keys
 
     def desc(self) -> str:
         buf = ffi.new("char[]", 256)
@@ -191,13 +207,13 @@ class Model(Handle):
             raise LlamaError(f"tokenization failed ({n})")
         return np.frombuffer(ffi.buffer(buf, n * 4), dtype=np.int32).copy()
 
-    def token_to_piece(self, token: int) -> bytes:
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
         L = lib()
         buf = ffi.new("char[]", 64)
-        n = L.llama_token_to_piece(self._vocab, int(token), buf, 64, 0, False)
+        n = L.llama_token_to_piece(self._vocab, int(token), buf, 64, 0, special)
         if n < 0:
             buf = ffi.new("char[]", -n)
-            n = L.llama_token_to_piece(self._vocab, int(token), buf, -n, 0, False)
+            n = L.llama_token_to_piece(self._vocab, int(token), buf, -n, 0, special)
         return ffi.buffer(buf, n)[:]
 
     def detokenize(self, tokens: Sequence[int] | np.ndarray) -> str:
@@ -212,6 +228,15 @@ class Model(Handle):
             buf = ffi.new("char[]", cap)
             n = L.llama_detokenize(self._vocab, toks, len(arr), buf, cap, False, False)
         return ffi.buffer(buf, n)[:].decode("utf-8", "replace")
+
+    def token_bos(self) -> int:
+        return int(lib().llama_vocab_bos(self._vocab))
+
+    def token_eos(self) -> int:
+        return int(lib().llama_vocab_eos(self._vocab))
+
+    def token_get_text(self, token: int) -> str:
+        return ffi.string(lib().llama_vocab_get_text(self._vocab, int(token))).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
         return bool(lib().llama_vocab_is_eog(self._vocab, int(token)))

@@ -1,9 +1,12 @@
-"""The library's sampler chain and chat templates, as the high-level API (`Llama`) uses them."""
+"""The library's sampler chain, in llama-cpp-python's order, as the high-level API (`Llama`) uses it."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ._lib import Handle, LlamaError, ffi, lib
 
@@ -13,105 +16,115 @@ if TYPE_CHECKING:
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 
+# `llama_token_data` as a numpy record: the candidates handed to the chain
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+LogitsHook = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """What a request asks of the sampler; checked on creation (ValueError naming the argument)."""
+    """What a request asks of the sampler, with llama-cpp-python's defaults and meanings: temperature 0 is
+    greedy, below 0 a plain draw from the distribution; top_p, typical_p >= 1 and top_k <= 0 are off;
+    mirostat_mode 1 or 2 replaces top-k/typical/top-p/min-p. Checked on creation (ValueError naming the
+    argument): numbers must be finite, repeat_penalty above 0."""
 
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    typical_p: float = 1.0
     repeat_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     penalty_last_n: int = 64
+    mirostat_mode: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     seed: int = DEFAULT_SEED
 
     def __post_init__(self) -> None:
-        checks = {
-            "temperature": self.temperature >= 0, "top_p": 0 <= self.top_p <= 1, "min_p": 0 <= self.min_p <= 1,
-            "repeat_penalty": self.repeat_penalty > 0, "penalty_last_n": self.penalty_last_n >= -1,
-            "frequency_penalty": abs(self.frequency_penalty) < float("inf"),
-            "presence_penalty": abs(self.presence_penalty) < float("inf"),
-            "seed": 0 <= self.seed <= 0xFFFFFFFF,
-        }
-        for name, ok in checks.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok:
-                raise ValueError(f"{name}={value!r} is out of range (temperature >= 0, 0 <= top_p, min_p <= 1, "
-                                 f"repeat_penalty > 0, finite frequency and presence penalties, 0 <= seed < 2^32)")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise ValueError(f"top_k must be an integer (<= 0 keeps every token), got {self.top_k!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{f.name}={value!r} is out of range: a finite number is needed")
+        for name in ("top_k", "penalty_last_n", "mirostat_mode", "seed"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if self.repeat_penalty <= 0:
+            raise ValueError(f"repeat_penalty={self.repeat_penalty!r} is out of range: above 0 (1 is off)")
+        if self.penalty_last_n < -1:
+            raise ValueError(f"penalty_last_n={self.penalty_last_n!r} is out of range: -1 (the context), 0 or more")
+        if self.mirostat_mode not in (0, 1, 2):
+            raise ValueError(f"mirostat_mode={self.mirostat_mode!r} is out of range: 0 (off), 1 or 2")
 
 
 class Sampler(Handle):
-    """A `llama_sampler` chain in llama.cpp's usual order: repetition penalties, top-k, top-p, min-p,
-    temperature, then a seeded draw; temperature 0 picks the most likely token (greedy)."""
+    """A `llama_sampler` chain as llama-cpp-python builds it: the logits processors (on the raw logits),
+    repetition penalties, the grammar, then greedy (temperature 0), a plain draw (below 0), mirostat, or
+    top-k, typical, top-p, min-p, temperature and a seeded draw."""
 
     _what = "sampler"
 
-    def __init__(self, model: Model, params: SamplingParams) -> None:
+    def __init__(self, model: Model, params: SamplingParams, *, grammar: str | None = None,
+                 logits_processor: LogitsHook | None = None) -> None:
         self._ptr = ffi.NULL
+        self.model = model
+        self.logits_processor = logits_processor
         L = lib()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         self._ptr = chain
-        if (params.repeat_penalty, params.frequency_penalty, params.presence_penalty) != (1.0, 0.0, 0.0):
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                model.n_vocab, params.penalty_last_n, params.repeat_penalty, params.frequency_penalty,
-                params.presence_penalty))
-        if params.temperature <= 0:
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
-            return
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(params.top_k))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(params.top_p, 1))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(params.min_p, 1))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(params.temperature))
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(params.seed))
+        seed = params.seed & 0xFFFFFFFF
+        add = lambda s: L.llama_sampler_chain_add(chain, s)  # noqa: E731
+        add(L.llama_sampler_init_penalties(model.n_vocab, params.penalty_last_n, params.repeat_penalty,
+                                           params.frequency_penalty, params.presence_penalty))
+        if grammar is not None:
+            g = L.llama_sampler_init_grammar(model._vocab, grammar.encode(), b"root")
+            if g == ffi.NULL:
+                raise LlamaError("the grammar does not parse (the library's log says where): check its GBNF")
+            add(g)
+        t = params.temperature
+        if t < 0:
+            add(L.llama_sampler_init_dist(seed))
+        elif t == 0:
+            add(L.llama_sampler_init_greedy())
+        elif params.mirostat_mode == 1:
+            add(L.llama_sampler_init_mirostat(model.n_vocab, seed, params.mirostat_tau, params.mirostat_eta, 100))
+        elif params.mirostat_mode == 2:
+            add(L.llama_sampler_init_mirostat_v2(seed, params.mirostat_tau, params.mirostat_eta))
+        else:
+            add(L.llama_sampler_init_top_k(params.top_k))
+            add(L.llama_sampler_init_typical(params.typical_p, 1))
+            add(L.llama_sampler_init_top_p(params.top_p, 1))
+            add(L.llama_sampler_init_min_p(params.min_p, 1))
+            add(L.llama_sampler_init_temp(t))
+            add(L.llama_sampler_init_dist(seed))
 
-    def sample(self, ctx: Context) -> int:
-        """The next token from the last decoded token's logits (the chain also records it as accepted)."""
-        return int(lib().llama_sampler_sample(self.ptr, ctx.ptr, -1))
+    def sample(self, ctx: Context, input_ids: np.ndarray | None = None) -> int:
+        """The next token from the last decoded token's logits, after the logits processors (which see
+        `input_ids`, the tokens evaluated so far); the chain records it as accepted."""
+        logits = ctx.logits()
+        if self.logits_processor is not None:
+            ids = np.zeros(0, np.intc) if input_ids is None else input_ids
+            logits = np.asarray(self.logits_processor(ids, logits.copy()), dtype=np.float32)
+            if logits.shape != (self.model.n_vocab,):
+                raise ValueError(f"a logits processor returned shape {logits.shape}, not ({self.model.n_vocab},)")
+        cand = np.empty(len(logits), TOKEN_DATA)
+        cand["id"] = np.arange(len(logits))
+        cand["logit"] = logits
+        cand["p"] = 0
+        cur = ffi.new("llama_token_data_array *")
+        cur.data = ffi.cast("llama_token_data *", ffi.from_buffer(cand))
+        cur.size, cur.selected, cur.sorted = len(cand), -1, False
+        L = lib()
+        L.llama_sampler_apply(self.ptr, cur)
+        if not 0 <= cur.selected < cur.size:
+            raise LlamaError("the sampler chain selected no token (a grammar that allows nothing more?)")
+        token = int(cur.data[cur.selected].id)
+        L.llama_sampler_accept(self.ptr, token)
+        return token
 
     def close(self) -> None:
         if self._ptr != ffi.NULL:
             lib().llama_sampler_free(self._ptr)
             self._ptr = ffi.NULL
-
-
-def model_chat_template(model: Model) -> str | None:
-    """The model's own chat template (`tokenizer.chat_template`), or None."""
-    p = lib().llama_model_chat_template(model.ptr, ffi.NULL)
-    return None if p == ffi.NULL else ffi.string(p).decode("utf-8", "replace")
-
-
-def apply_chat_template(template: str, messages: Sequence[Mapping[str, Any]], *, add_assistant: bool = True) -> str:
-    """The prompt for `messages` ({"role", "content"} dicts) by the library's template support: a
-    template's text (recognized among the built-in ones) or a built-in name such as "chatml"."""
-    keep: list[Any] = []
-    chat = ffi.new("struct llama_chat_message[]", max(1, len(messages)))
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise ValueError(f"messages[{i}] must be a dict with a string 'role' and a 'content', got {m!r}")
-        content = m["content"]
-        if content is None:
-            content = ""
-        if isinstance(content, list):  # OpenAI content parts: the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
-        if not isinstance(content, str):
-            raise ValueError(f"messages[{i}]['content'] must be a string, got {type(content).__name__}")
-        keep += [ffi.new("char[]", m["role"].encode()), ffi.new("char[]", content.encode())]
-        chat[i].role, chat[i].content = keep[-2], keep[-1]
-    tmpl = template.encode()
-    L = lib()
-    size = 1024 + 2 * sum(len(k) for k in keep)
-    for _ in range(2):
-        buf = ffi.new("char[]", size)
-        n = L.llama_chat_apply_template(tmpl, chat, len(messages), add_assistant, buf, size)
-        if n < 0:
-            raise LlamaError(f"the chat template is not one the library supports ({template[:60]!r}...): pass "
-                             "chat_format= a built-in name such as 'chatml', 'llama3' or 'mistral-v7'")
-        if n <= size:
-            return ffi.unpack(buf, n).decode("utf-8", "replace")
-        size = n + 1
-    raise LlamaError("llama_chat_apply_template kept asking for a larger buffer")
