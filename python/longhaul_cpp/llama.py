@@ -309,19 +309,7 @@ class Llama:
         chunks = _completion.run(self, req)
         return chunks if stream else next(chunks)
 
-    def __call__(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
-                 temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
-                 logprobs: int | None = None, echo: bool = False, stop: str | list[str] | None = [],  # noqa: B006
-                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
-                 top_k: int = 40, stream: bool = False, seed: int | None = None, tfs_z: float = 1.0,
-                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-                 model: str | None = None, stopping_criteria: StoppingCriteriaList | None = None,
-                 logits_processor: LogitsProcessorList | None = None, grammar: LlamaGrammar | None = None,
-                 logit_bias: dict[int, float] | None = None) -> Any:
-        return self.create_completion(prompt, suffix, max_tokens, temperature, top_p, min_p, typical_p, logprobs, echo,
-                                      stop, frequency_penalty, presence_penalty, repeat_penalty, top_k, stream, seed,
-                                      tfs_z, mirostat_mode, mirostat_tau, mirostat_eta, model, stopping_criteria,
-                                      logits_processor, grammar, logit_bias)
+    __call__ = create_completion
 
     def create_chat_completion(self, messages: list[dict[str, Any]], functions: list[dict[str, Any]] | None = None,
                                function_call: Any = None, tools: list[dict[str, Any]] | None = None,

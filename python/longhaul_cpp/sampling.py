@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -71,6 +71,8 @@ class Sampler(Handle):
         self._ptr = ffi.NULL
         self.model = model
         self.logits_processor = logits_processor
+        self._cand = np.empty(model.n_vocab, TOKEN_DATA)  # the candidates, refilled for every token
+        self._ids = np.arange(model.n_vocab, dtype=np.int32)
         L = lib()
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         self._ptr = chain
@@ -109,8 +111,8 @@ class Sampler(Handle):
             logits = np.asarray(self.logits_processor(ids, logits.copy()), dtype=np.float32)
             if logits.shape != (self.model.n_vocab,):
                 raise ValueError(f"a logits processor returned shape {logits.shape}, not ({self.model.n_vocab},)")
-        cand = np.empty(len(logits), TOKEN_DATA)
-        cand["id"] = np.arange(len(logits))
+        cand = self._cand  # the chain may reorder it: the ids are written again
+        cand["id"] = self._ids
         cand["logit"] = logits
         cand["p"] = 0
         cur = ffi.new("llama_token_data_array *")
