@@ -4,7 +4,10 @@ its grammar tests, adapted in the model path, n_ctx (the synthetic vocabulary is
 byte) and their expected strings (which become what llama-cpp-python answers), then a side-by-side tour of
 the high-level API. Prints one JSON document: what each call returned, ids and timestamps blanked.
 
-    python lcp_contract.py MODULE MODEL [JSON of extra Llama keyword arguments]
+    python lcp_contract.py MODULE MODEL [JSON of extra Llama keyword arguments] [SECTIONS, comma-separated]
+
+Sections: real_llama, repeated_prompt_cache, grammars, tour (the default: all four); embeddings (a normal load
+with embedding=True); no_template (MODEL carries no chat template).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Any
 
 MODULE, MODEL = sys.argv[1], sys.argv[2]
 EXTRA: dict[str, Any] = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+SECTIONS = sys.argv[4].split(",") if len(sys.argv) > 4 else ["real_llama", "repeated_prompt_cache", "grammars", "tour"]
 lc = importlib.import_module(MODULE)
 Llama, LlamaGrammar, LogitsProcessorList = lc.Llama, lc.LlamaGrammar, lc.LogitsProcessorList
 StoppingCriteriaList = lc.StoppingCriteriaList
@@ -153,7 +157,30 @@ def tour() -> dict[str, Any]:
     return out
 
 
+def embeddings() -> dict[str, Any]:
+    """Per-token vectors (the generative model's pooling, NONE) and mean-pooled ones. Several inputs with pooling
+    NONE are left out: llama-cpp-python 0.3.36 reads the second and later ones at a wrong offset (tokens, not
+    floats), which test_llama_cpp_python.py checks separately."""
+    m = llama(n_ctx=256, n_batch=64, embedding=True)
+    texts = ["hello", "a longer sentence to embed", "x" * 100]
+    out: dict[str, Any] = {"pooling": m.pooling_type(), "one": m.embed("hello"),
+                           "alone": [m.embed(t, normalize=True) for t in texts],
+                           "first": m.embed(texts)[0], "count": m.embed(texts, return_count=True)[1],
+                           "after": m("Then a completion", max_tokens=6, temperature=0)["choices"][0]["text"]}
+    mean = llama(n_ctx=256, n_batch=64, embedding=True, pooling_type=1)
+    out["mean"] = [mean.pooling_type(), mean.embed(texts, normalize=True), mean.create_embedding(texts)]
+    return out
+
+
+def no_template() -> dict[str, Any]:
+    """A model without tokenizer.chat_template: llama-cpp-python falls back to its "llama-2" format."""
+    m = llama(n_ctx=256)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    return {"chat": m.create_chat_completion(msgs, max_tokens=8, temperature=0),
+            "stream": list(m.create_chat_completion(msgs, max_tokens=8, temperature=0, stream=True))}
+
+
 if __name__ == "__main__":
-    result = {"real_llama": test_real_llama(), "repeated_prompt_cache": test_real_llama_repeated_prompt_cache(),
-              "grammars": test_grammars(), "tour": tour()}
-    print(blank(result))
+    run = {"real_llama": test_real_llama, "repeated_prompt_cache": test_real_llama_repeated_prompt_cache,
+           "grammars": test_grammars, "tour": tour, "embeddings": embeddings, "no_template": no_template}
+    print(blank({name: run[name]() for name in SECTIONS}))

@@ -40,12 +40,13 @@ def model(make_model) -> Path:
     return make_model(**dataclasses.asdict(SPEC))[0]
 
 
-def _contract(python: str, module: str, model: Path, extra: dict[str, Any] | None = None) -> Any:
+def _contract(python: str, module: str, model: Path, extra: dict[str, Any] | None = None,
+              sections: str | None = None) -> Any:
     env = dict(os.environ)
     if module == "llama_cpp":  # the real package, never this package's libraries
         env.pop("LONGHAUL_CPP_LIB_DIR", None)
-    r = subprocess.run([python, str(HERE / "lcp_contract.py"), module, str(model), json.dumps(extra or {})],
-                       capture_output=True, text=True, timeout=900, env=env)
+    cmd = [python, str(HERE / "lcp_contract.py"), module, str(model), json.dumps(extra or {})]
+    r = subprocess.run(cmd + ([sections] if sections else []), capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, f"{module} {extra}: {r.stderr[-3000:]}"
     return json.loads(r.stdout)
 
@@ -96,12 +97,44 @@ def test_the_comparison_sees_a_difference(reference) -> None:
     assert len(_same(reference, changed)) == 2
 
 
+def test_embeddings_are_llama_cpp_pythons(model) -> None:
+    """A normal load with embedding=True: per-token vectors (pooling NONE) and mean-pooled ones, normalized and
+    not, and create_embedding's response, equal to llama-cpp-python's."""
+    theirs = _contract(_llama_cpp_python(), "llama_cpp", model, sections="embeddings")
+    ours = _contract(sys.executable, "longhaul_cpp", model, sections="embeddings")
+    assert _same(theirs, ours) == []
+    e = theirs["embeddings"]
+    assert e["pooling"] == 0 and e["mean"][0] == 1 and len(e["one"]) == 6 and len(e["mean"][1][0]) == SPEC.n_embd
+    # several inputs with pooling NONE: each input's vectors are its own (llama-cpp-python 0.3.36 reads the
+    # second and later inputs at an offset counted in tokens instead of floats: docs/llama-cpp-python.md)
+    texts = ["hello", "a longer sentence to embed"]
+    with Llama(model, n_ctx=256, n_batch=64, embedding=True, n_threads=2, verbose=False) as llm:
+        together = llm.embed(texts)
+        assert together == [llm.embed(t) for t in texts]
+    with Llama(model, n_ctx=256, verbose=False, **LONGHAUL) as llm:
+        with pytest.raises(RuntimeError, match="must be created with embedding=True"):
+            llm.create_embedding("hello")
+
+
+@pytest.mark.parametrize("load", ["normal", "longhaul"])
+def test_a_model_without_a_chat_template_chats_as_llama_cpp_python(make_model, load) -> None:
+    """No tokenizer.chat_template: llama-cpp-python's fallback, its "llama-2" format (llama-server's is chatml)."""
+    path = make_model(**dataclasses.asdict(SPEC) | {"chat_template": False})[0]
+    theirs = _contract(_llama_cpp_python(), "llama_cpp", path, sections="no_template")
+    ours = _contract(sys.executable, "longhaul_cpp", path, LONGHAUL if load == "longhaul" else None,
+                     sections="no_template")
+    assert _same(theirs, ours) == []
+    with Llama(path, n_ctx=64, verbose=False) as llm:
+        assert llm.chat_format == "llama-2" and "tokenizer.chat_template" not in llm.metadata
+
+
 SIGNATURES = """
 import inspect, json, sys, importlib
 m = importlib.import_module(sys.argv[1])
 out = {}
 for name in ["__init__", "create_completion", "__call__", "create_chat_completion", "tokenize", "detokenize",
-             "save_state", "load_state", "set_seed", "reset", "eval", "generate", "sample"]:
+             "save_state", "load_state", "set_seed", "reset", "eval", "generate", "sample", "embed",
+             "create_embedding", "pooling_type", "n_ctx", "token_bos", "token_eos"]:
     sig = inspect.signature(getattr(m.Llama, name))
     out[name] = [(p.name, repr(p.default) if p.default is not p.empty else None, str(p.kind))
                  for p in sig.parameters.values()]

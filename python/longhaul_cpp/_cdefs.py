@@ -376,6 +376,10 @@ int32_t llama_set_adapters_lora(struct llama_context * ctx, struct llama_adapter
                                 float * scales);
 size_t llama_max_devices(void);
 void llama_numa_init(int numa);  // enum ggml_numa_strategy
+size_t llama_max_parallel_sequences(void);
+enum llama_pooling_type llama_pooling_type(const struct llama_context * ctx);
+float * llama_get_embeddings(struct llama_context * ctx);
+float * llama_get_embeddings_seq(struct llama_context * ctx, llama_seq_id seq_id);
 
 int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,
                        llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._lib import LlamaError, ffi, lib, logger
-from .chat import ChatPrompt, check_messages, resolve_formatter
+from ._lib import LlamaError, lib, logger
+from .chat import check_messages, resolve_formatter
 from .context import Context
 from .grammar import LlamaGrammar
 from .llama_args import LlamaArgs, configure_verbose
@@ -29,6 +29,7 @@ from .longhaul import LonghaulStats, is_auto_budget
 from .model import Model
 from .sampling import DEFAULT_SEED, Sampler, SamplingParams
 from . import completion as _completion
+from . import embedding as _embedding
 
 
 class Llama:
@@ -337,13 +338,13 @@ class Llama:
         return _completion.chat(self, self._formatter, **kw)
 
     def create_embedding(self, input: str | list[str], model: str | None = None) -> Any:  # noqa: A002
-        raise NotImplementedError("embeddings are not provided by longhaul_cpp.Llama (and longhaul mode refuses them): "
-                                  "use llama-cpp-python or llama-server --embeddings with a normal load")
+        """An OpenAI embedding list (needs `embedding=True`: a normal load; longhaul mode refuses it)."""
+        return _embedding.create_embedding(self, input, model)
 
-    embed = create_embedding
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,  # noqa: A002
+              return_count: bool = False) -> Any:
+        """The embedding of each input: pooled vectors, or one per token when the pooling is NONE."""
+        return _embedding.embed(self, input, normalize, truncate, return_count)
 
-    def _chat_prompt(self, formatter: Any, messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> ChatPrompt:
-        return formatter(messages, extra)
-
-
-__all__ = ["Llama", "LlamaGrammar", "LlamaState", "LogitsProcessorList", "StoppingCriteriaList", "ffi"]
+    def pooling_type(self) -> int:
+        return int(lib().llama_pooling_type(self._ctx.ptr))

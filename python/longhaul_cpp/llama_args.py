@@ -29,14 +29,18 @@ class _Stderr(logging.Handler):
 
 
 def configure_verbose(verbose: bool) -> None:
-    """verbose=True (llama-cpp-python's default) writes the library's log to stderr, unless the application
-    configured the "longhaul_cpp" logger itself."""
+    """verbose=True (llama-cpp-python's default) writes the library's log to stderr, verbose=False stops it:
+    like llama-cpp-python's, the setting is the process's and the last Llama constructed sets it. A handler
+    the application gave the "longhaul_cpp" logger itself is left alone."""
     global _handler
     if verbose and _handler is None and not logger.handlers:
         _handler = _Stderr()
         _handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(_handler)
         logger.setLevel(logging.INFO)
+    elif not verbose and _handler is not None:
+        logger.removeHandler(_handler)
+        _handler = None
 
 
 def load_mode_of(value: Any) -> LoadMode:
@@ -131,6 +135,8 @@ class LlamaArgs:
         for name in ("op_offload", "swa_full", "type_k", "type_v"):
             if a[name] is not None:
                 ctx[name] = a[name]
+        if a["embedding"]:  # one sequence per input of a batch, as llama-cpp-python sets it
+            ctx.update(n_seq_max=min(ctx["n_batch"], int(lib().llama_max_parallel_sequences())), kv_unified=True)
         lora = (a["lora_path"], float(a["lora_scale"])) if a["lora_path"] else None
         return cls(mode, model, ctx, n_ctx == 0, lora, keep)
 

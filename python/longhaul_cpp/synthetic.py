@@ -73,6 +73,7 @@ class SyntheticSpec:
     router_skew: float = _opt(0.0, "0 = uniform routing; > 0 = Zipf-like expert popularity (router row e scaled by "
                               "(1 + rank) ** -skew; 1.2 gives ~55%% LRU hits with 1/8 of the experts cached)")
     seed: int = _opt(0, "random seed of the weights")
+    chat_template: bool = _opt(True, "write tokenizer.chat_template (ChatML); False: a model without one")
 
     def validate(self) -> None:
         if self.arch not in ARCHS:

@@ -273,7 +273,8 @@ def add_metadata(w, spec: SyntheticSpec) -> None:
 
     # ChatML, which the library's template support recognizes (llama_chat_apply_template) and llama-server
     # renders with its Jinja engine: the same prompt both ways
-    w.add_chat_template(CHATML_TEMPLATE)
+    if spec.chat_template:
+        w.add_chat_template(CHATML_TEMPLATE)
     if spec.vocab != "bytes":
         _add_inkling_tokenizer(w, spec)
         return

@@ -41,7 +41,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
         if isinstance(f.default, bool):
-            p.add_argument(flag, action="store_true", default=f.default, help=help_text)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
         else:
             p.add_argument(flag, type=type(f.default), default=f.default, choices=f.metadata.get("choices"),
                            help=help_text)
