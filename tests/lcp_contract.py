@@ -7,7 +7,8 @@ the high-level API. Prints one JSON document: what each call returned, ids and t
     python lcp_contract.py MODULE MODEL [JSON of extra Llama keyword arguments] [SECTIONS, comma-separated]
 
 Sections: real_llama, repeated_prompt_cache, grammars, tour (the default: all four); embeddings (a normal load
-with embedding=True); no_template (MODEL carries no chat template).
+with embedding=True); no_template (MODEL carries no chat template); brief (a completion, a stream, a chat and a
+grammar: the check run on every architecture).
 """
 from __future__ import annotations
 
@@ -180,7 +181,19 @@ def no_template() -> dict[str, Any]:
             "stream": list(m.create_chat_completion(msgs, max_tokens=8, temperature=0, stream=True))}
 
 
+def brief() -> dict[str, Any]:
+    m = llama(n_ctx=256)
+    g = LlamaGrammar.from_json_schema(json.dumps({"type": "object", "properties": {"n": {"type": "integer"}},
+                                                  "required": ["n"]}))
+    return {"completion": m("The quick brown fox", max_tokens=12, temperature=0),
+            "stream": list(m("Once upon a time", max_tokens=8, temperature=0, stream=True)),
+            "chat": m.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0),
+            "grammar": m("JSON:", max_tokens=12, temperature=0, grammar=g)["choices"][0]["text"],
+            "sampled": m("Seeds", max_tokens=8, temperature=0.9, seed=3)["choices"][0]["text"]}
+
+
 if __name__ == "__main__":
     run = {"real_llama": test_real_llama, "repeated_prompt_cache": test_real_llama_repeated_prompt_cache,
-           "grammars": test_grammars, "tour": tour, "embeddings": embeddings, "no_template": no_template}
+           "grammars": test_grammars, "tour": tour, "embeddings": embeddings, "no_template": no_template,
+           "brief": brief}
     print(blank({name: run[name]() for name in SECTIONS}))
