@@ -16,7 +16,8 @@ cache of that many slots can have.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -106,7 +107,7 @@ def cut_waves(pairs: Sequence[int], n_slots: int, max_pairs: float) -> list[int]
     return first
 
 
-def _ubatch_lru(lru: Lru, ub: np.ndarray, n_expert: int, policy: CachePolicy) -> int:
+def _ubatch_lru(lru: Any, ub: np.ndarray, n_expert: int, policy: CachePolicy) -> int:
     """One ubatch [n_tokens, k] through one layer; returns its misses."""
     n, k = ub.shape
     s = lru.n_slots
@@ -144,11 +145,13 @@ def ubatches(calls: Sequence[int], n_ubatch: int) -> Iterator[tuple[int, int, in
 
 
 def replay_lru(tokens: np.ndarray, calls: Sequence[int], n_slots: int, n_expert: int, n_ubatch: int,
-               policy: CachePolicy = CachePolicy()) -> tuple[np.ndarray, np.ndarray]:
+               policy: CachePolicy = CachePolicy(), cache: Callable[[int, int], Any] = Lru
+               ) -> tuple[np.ndarray, np.ndarray]:
     """One layer's tokens [T, k], decoded in `calls` (tokens per llama_decode), at n_slots slots and a ubatch of
-    n_ubatch tokens: the misses and the distinct experts selected (per ubatch, or per k-stage) of each call."""
+    n_ubatch tokens: the misses and the distinct experts selected (per ubatch, or per k-stage) of each call.
+    `cache(n_slots, n_expert)`: the replacement (the library's LRU, or one of plan.policies)."""
     _check(tokens, calls)
-    lru = Lru(n_slots, n_expert)
+    lru = cache(n_slots, n_expert)
     misses = np.zeros(len(calls), dtype=np.int64)
     selected = np.zeros(len(calls), dtype=np.int64)
     k = tokens.shape[1]

@@ -1,0 +1,136 @@
+"""Replacement policies besides the library's LRU, for the planner's replays, and the per-layer split of a budget.
+
+Each cache has LRU's interface (`n_slots`, `cached(e)`, `plan(ids) -> misses`), so `replay_lru(..., cache=...)`
+runs it through the same ubatches, k-stages and expert waves as the library. A plan's selected experts all
+stay: the policy only chooses which unselected slots the misses replace.
+
+- `Lfu`: least frequently used with aging. Every plan counts one use per selected expert; every `period`
+  plans all counts halve, so old popularity fades. A victim is the unselected slot with the lowest count,
+  ties to the least recently used.
+- `Slru`: segmented LRU. A miss enters a probation segment; a hit moves the expert into a protected segment
+  of at most `protected` slots (its least recently used falls back to probation). Victims come from
+  probation first, least recently used first.
+
+`split_budget` splits a budget over the layers from each layer's miss curve (misses by slot count), greedily by
+the misses one more slot saves per byte: the fewest expert bytes read for the trace within the budget.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+class _Cache:
+    """Slots, the expert in each, and the use order (slots by last use, oldest first)."""
+
+    def __init__(self, n_slots: int, n_expert: int) -> None:
+        self.n_slots = n_slots
+        self.slot_expert = [-1] * n_slots
+        self.expert_slot = [-1] * n_expert
+        self.order = list(range(n_slots))
+
+    def cached(self, e: int) -> bool:
+        return self.expert_slot[e] >= 0
+
+    def _victims(self, hits: set[int], n: int) -> list[int]:
+        raise NotImplementedError
+
+    def _touch(self, hit_slots: set[int], filled: list[int]) -> None:
+        pass
+
+    def plan(self, ids: Sequence[int] | np.ndarray) -> int:
+        seen: list[int] = list(dict.fromkeys(int(e) for e in ids))
+        if len(seen) > self.n_slots:
+            raise ValueError(f"a plan of {len(seen)} distinct experts does not fit {self.n_slots} slots")
+        hits = {self.expert_slot[e] for e in seen if self.expert_slot[e] >= 0}
+        misses = [e for e in seen if self.expert_slot[e] < 0]
+        empty = [s for s in self.order if self.slot_expert[s] < 0 and s not in hits]
+        victims = (empty + self._victims(hits | set(empty), max(0, len(misses) - len(empty))))[:len(misses)]
+        for s, e in zip(victims, misses):
+            old = self.slot_expert[s]
+            if old >= 0:
+                self.expert_slot[old] = -1
+            self.slot_expert[s] = e
+            self.expert_slot[e] = s
+        touched = hits.union(victims)
+        self.order = [s for s in self.order if s not in touched] + sorted(touched)
+        self._touch(hits, victims)
+        return len(misses)
+
+
+class LruCache(_Cache):
+    """The library's LRU on this base (replay.Lru is its mirror; the two agree: tests/test_plan.py)."""
+
+    def _victims(self, hits: set[int], n: int) -> list[int]:
+        return [s for s in self.order if s not in hits][:n]
+
+
+class Lfu(_Cache):
+    def __init__(self, n_slots: int, n_expert: int, period: int = 64) -> None:
+        super().__init__(n_slots, n_expert)
+        self.count = np.zeros(n_expert)
+        self.period, self.n_plans = period, 0
+
+    def _victims(self, hits: set[int], n: int) -> list[int]:
+        rank = {s: i for i, s in enumerate(self.order)}
+        cand = [s for s in self.order if s not in hits]
+        return sorted(cand, key=lambda s: (self.count[self.slot_expert[s]], rank[s]))[:n]
+
+    def _touch(self, hit_slots: set[int], filled: list[int]) -> None:
+        for s in hit_slots.union(filled):
+            self.count[self.slot_expert[s]] += 1
+        self.n_plans += 1
+        if self.n_plans % self.period == 0:
+            self.count *= 0.5
+
+
+class Slru(_Cache):
+    def __init__(self, n_slots: int, n_expert: int, protected: float = 0.8) -> None:
+        super().__init__(n_slots, n_expert)
+        self.protected_max = max(0, min(n_slots - 1, int(n_slots * protected)))
+        self.protected: list[int] = []  # slots, least recently promoted first
+
+    def _victims(self, hits: set[int], n: int) -> list[int]:
+        prot = set(self.protected)
+        cand = [s for s in self.order if s not in hits and s not in prot] + \
+               [s for s in self.order if s not in hits and s in prot]
+        return cand[:n]
+
+    def _touch(self, hit_slots: set[int], filled: list[int]) -> None:
+        for s in filled:
+            if s in self.protected:
+                self.protected.remove(s)
+        for s in sorted(hit_slots):
+            if s in self.protected:
+                self.protected.remove(s)
+            self.protected.append(s)
+        while len(self.protected) > self.protected_max:
+            self.protected.pop(0)
+
+
+POLICIES = {"lru": LruCache, "lfu": Lfu, "slru": Slru}
+
+
+def split_budget(curves: Mapping[int, Sequence[int]], expert_bytes: Mapping[int, int], budget: int,
+                 min_slots: Mapping[int, int] | None = None) -> dict[int, int]:
+    """Slots per layer within `budget` bytes: curves[il][s] is the layer's misses with s slots (s = 0..n_expert;
+    index 0 unused). Each layer starts at its minimum (1, or min_slots), then slots go one at a time to the layer
+    whose next slot saves the most expert bytes read per byte of budget."""
+    slots = {il: max(1, (min_slots or {}).get(il, 1)) for il in curves}
+    left = budget - sum(slots[il] * expert_bytes[il] for il in curves)
+    if left < 0:
+        raise ValueError(f"the budget of {budget} bytes is below one slot per layer "
+                         f"({budget - left} bytes): give a larger one")
+    while True:
+        best, rate, steps = None, 0.0, 0
+        for il, c in curves.items():
+            s, eb = slots[il], expert_bytes[il]
+            for t in range(s + 1, min(len(c), s + 1 + left // eb)):  # the best run of slots: flat stretches too
+                r = (c[s] - c[t]) / (t - s)  # misses saved per slot; each miss is eb bytes read, a slot eb bytes
+                if r > rate:
+                    best, rate, steps = il, r, t - s
+        if best is None:
+            return slots
+        slots[best] += steps
+        left -= steps * expert_bytes[best]

@@ -1,0 +1,79 @@
+"""The planner's other replacement policies (plan.policies) and the per-layer split of a budget: the policies'
+shared base replays the library's LRU exactly, every policy keeps a plan's experts within its slots and reads no
+fewer experts than Belady's optimum, and the split honours its budget and reads no more than the even split."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from longhaul_cpp.plan import replay_lru
+from longhaul_cpp.plan.policies import POLICIES, Lfu, LruCache, Slru, split_budget
+from longhaul_cpp.plan.replay import CachePolicy, replay_optimal
+
+N_EXPERT, K = 32, 4
+
+
+def _trace(seed: int, n: int = 300, hot: int = 0) -> tuple[np.ndarray, list[int]]:
+    """A prompt of 40 tokens then n decode tokens; hot > 0: a few experts much more popular (a skewed layer)."""
+    rng = np.random.default_rng(seed)
+    p = np.ones(N_EXPERT)
+    p[:hot] = 12.0
+    p /= p.sum()
+    toks = np.array([rng.choice(N_EXPERT, K, replace=False, p=p) for _ in range(40 + n)], dtype=np.int32)
+    return toks, [40] + [1] * n
+
+
+def _ubatch(slots: int) -> int:
+    return 1 if slots < K else 16  # fewer slots than a token's experts: the library runs one token at a time
+
+
+@pytest.mark.parametrize("slots", [2, 4, 7, 12, 31, 32])
+@pytest.mark.parametrize("policy", [CachePolicy(), CachePolicy(pipelined=True), CachePolicy(compact=False)])
+def test_the_base_replays_the_librarys_lru(slots, policy) -> None:
+    toks, calls = _trace(slots)
+    ub = _ubatch(slots)
+    lib_lru = replay_lru(toks, calls, slots, N_EXPERT, ub, policy)
+    assert all(np.array_equal(a, b) for a, b in zip(lib_lru, replay_lru(toks, calls, slots, N_EXPERT, ub, policy,
+                                                                         cache=LruCache)))
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("slots", [4, 9, 20])
+def test_policies_stay_within_their_slots_and_above_the_optimum(name, slots) -> None:
+    toks, calls = _trace(7, hot=4)
+    caches = []
+
+    def make(n_slots: int, n_expert: int):
+        caches.append(POLICIES[name](n_slots, n_expert))
+        return caches[-1]
+
+    misses, _ = replay_lru(toks, calls, slots, N_EXPERT, 16, cache=make)
+    cache = caches[0]
+    held = [e for e in cache.slot_expert if e >= 0]
+    assert len(held) == len(set(held)) <= slots
+    assert all(cache.expert_slot[e] == s for s, e in enumerate(cache.slot_expert) if e >= 0)
+    assert misses.sum() >= replay_optimal(toks, calls, slots, N_EXPERT, 16).sum()
+
+
+def test_frequency_and_segments_change_the_choice() -> None:
+    """On a skewed trace LFU keeps the popular experts that LRU lets go; the policies are not LRU renamed."""
+    toks, calls = _trace(3, n=600, hot=4)
+    got = {name: int(replay_lru(toks, calls, 8, N_EXPERT, 16, cache=c)[0].sum())
+           for name, c in [("lru", LruCache), ("lfu", Lfu), ("slru", Slru)]}
+    assert got["lfu"] < got["lru"] and got["slru"] != got["lru"]
+
+
+def test_split_budget_honours_the_budget_and_beats_the_even_split() -> None:
+    layers = {0: _trace(1, hot=6), 1: _trace(2), 2: _trace(4, hot=2)}
+    eb = {0: 100, 1: 100, 2: 150}
+    curves = {il: [0] + [int(replay_lru(t, c, s, N_EXPERT, _ubatch(s))[0].sum()) for s in range(1, N_EXPERT + 1)]
+              for il, (t, c) in layers.items()}
+    budget = 12 * 100 + 12 * 100 + 12 * 150
+    split = split_budget(curves, eb, budget)
+    assert all(s >= 1 for s in split.values()) and sum(split[il] * eb[il] for il in split) <= budget
+    even = {il: 12 for il in layers}
+    read = lambda alloc: sum(curves[il][alloc[il]] * eb[il] for il in alloc)  # noqa: E731
+    assert read(split) <= read(even)
+    assert split != even  # the layers differ: so does their share
+    with pytest.raises(ValueError, match="below one slot per layer"):
+        split_budget(curves, eb, 300)
