@@ -758,3 +758,53 @@ def test_stats_fill_no_more_than_the_callers_struct(make_model) -> None:
         assert full.n_misses > 0 and st.n_misses == full.n_misses and st.bytes_read == full.bytes_read
         assert ffi.buffer(buf)[cut:] == b"\xab" * (size - cut)
         assert not lib().llama_model_longhaul_stats(m.ptr, -1, st, 0)
+
+
+def test_per_layer_slots_are_honoured_bit_exact_and_replayed(make_model) -> None:
+    """longhaul_layer_slots instead of the even split: each routed layer gets its own slots (all, k, fewer than k,
+    one: waves, stages and one token at a time in one model), the output is a normal load's bit for bit, and the
+    planner's replay at each layer's slots gives the library's misses."""
+    from longhaul_cpp.modelinfo import inspect_model
+    from longhaul_cpp.plan import replay_lru
+    from longhaul_cpp.plan.record import record_routing
+
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    info = inspect_model(path)
+    k, routed = spec.n_expert_used, sorted(info.expert_bytes)
+    want = {il: (spec.n_expert, k, k - 1, 1)[i % 4] for i, il in enumerate(routed)}
+    budget = sum(want[il] * info.expert_bytes[il] for il in routed)
+    ids, logits, run = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget,
+                                  longhaul_layer_slots=want, use_extra_bufts=False)
+    st = run["stats"]
+    assert {layer.il: layer.n_slots for layer in st.layers} == want
+    assert sum(layer.cache_bytes for layer in st.layers) == budget
+    assert run["n_ubatch"] == 1  # a layer with fewer slots than a token's experts: one token at a time
+    ref_ids, ref_logits = reference(path, 1)
+    assert ids == ref_ids
+    np.testing.assert_array_equal(logits, ref_logits)
+    with Model(path, vocab_only=True) as m:
+        prompt = m.tokenize(PROMPT)
+    routing = record_routing(path, prompt, ids, n_ubatch=1, n_ctx=512, n_batch=512)
+    calls = [len(prompt)] + [1] * len(ids)
+    for layer in st.layers:
+        toks = routing.layers[layer.il]
+        lc = calls if len(toks) == sum(calls) else [1] * len(toks)
+        assert int(replay_lru(toks, lc, layer.n_slots, spec.n_expert, 1)[0].sum()) == layer.n_misses, layer.il
+
+
+def test_per_layer_slots_are_checked(make_model) -> None:
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    from longhaul_cpp.modelinfo import inspect_model
+    info = inspect_model(path)
+    routed = sorted(info.expert_bytes)
+    lh = dict(load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=4 * len(routed) * info.expert_bytes[routed[0]])
+    with pytest.raises(LlamaError, match="take .* more than the expert cache budget"):
+        Model(path, longhaul_layer_slots={il: 8 for il in routed}, **lh)
+    with pytest.raises(LlamaError, match=f"give layer {routed[0]} 0 slots: use 1 to 16"):
+        Model(path, longhaul_layer_slots={il: 1 for il in routed[1:]}, **lh)
+    with pytest.raises(LlamaError, match="per-layer slots give 2 layers, the model has"):
+        Model(path, longhaul_layer_slots=[1, 1], **lh)
+    with pytest.raises(ValueError, match="only used with load_mode=LoadMode.LONGHAUL"):
+        Model(path, longhaul_layer_slots={routed[0]: 1})

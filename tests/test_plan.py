@@ -296,8 +296,11 @@ def test_plan_command(make_model, tmp_path) -> None:
     assert doc["hit_s_per_token"] > 0 and "every expert it selects cached: " in r.stdout
     hits = [b["hit_lru_gen"] for b in doc["budgets"]]
     assert hits[-1] == 1.0 and all(b["hit_opt_gen"] >= b["hit_lru_gen"] for b in doc["budgets"])
-    r = _cli("plan", str(path), "-p", "16", "-n", "4", "--bandwidth", "run", "--all")
+    split = tmp_path / "split.json"
+    r = _cli("plan", str(path), "-p", "16", "-n", "4", "--bandwidth", "run", "--all", "--write-split", str(split))
     assert r.returncode == 0 and "the recorded run's own reads" in r.stdout, r.stderr
+    from longhaul_cpp.plan.split import load_split
+    assert f"wrote {split}" in r.stdout and len(load_split(split)) == len(json.loads(split.read_text())["even_slots"])
     assert len([ln for ln in r.stdout.splitlines() if re.search(r"[0-9.]+ (B|KiB|MiB|GiB) ", ln) and "%" in ln]) == 32
     for args, code, msg in ((["--bandwidth", "0"], 2, "bandwidth"), (["--bandwidth", "fast"], 2, "bandwidth"),
                             (["-n", "-1"], 2, "-n"),

@@ -77,3 +77,30 @@ def test_split_budget_honours_the_budget_and_beats_the_even_split() -> None:
     assert split != even  # the layers differ: so does their share
     with pytest.raises(ValueError, match="below one slot per layer"):
         split_budget(curves, eb, 300)
+
+
+def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path) -> None:
+    """plan_split on a recorded run: loaded as longhaul_layer_slots, the library misses in each layer what the
+    replay said (the second repetition, as the planner counts), and the split reads no more than the even one."""
+    from longhaul_cpp import SyntheticSpec
+    from longhaul_cpp.modelinfo import inspect_model
+    from longhaul_cpp.plan import random_prompt, record_run
+    from longhaul_cpp.plan.split import layer_curves, load_split, plan_split
+
+    spec = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0", router_skew=0.8)
+    path = make_model(**{f: getattr(spec, f) for f in ("arch", "n_expert", "n_expert_used", "expert_type",
+                                                        "router_skew")})[0]
+    info = inspect_model(path)
+    budget = info.budget_for(8)
+    prompt = random_prompt(path, 48)
+    run = record_run(path, prompt, 24, budget=budget, n_threads=2, n_ubatch=64, random_gen=True, timed=1)
+    sp = plan_split(run, info, budget, step=1)
+    assert sum(sp.slots[il] * info.expert_bytes[il] for il in sp.slots) <= budget
+    assert all(info.n_expert_used <= s <= info.n_expert for s in sp.slots.values())
+    assert sp.bytes_split <= sp.bytes_even
+    sp.to_json(tmp_path / "split.json")
+    slots = load_split(tmp_path / "split.json")
+    again = record_run(path, prompt, 24, budget=budget, n_threads=2, n_ubatch=64, random_gen=True, timed=1,
+                       layer_slots=slots)
+    curves = layer_curves(run, info, list(range(info.n_expert_used, info.n_expert + 1)), 64)
+    assert again.misses == {il: int(curves[il][slots[il]]) for il in slots}

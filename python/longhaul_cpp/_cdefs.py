@@ -174,6 +174,8 @@ struct llama_model_params {
     uint64_t longhaul_cache_bytes;
     uint32_t longhaul_flags;
     int32_t  longhaul_io_threads;
+    const int32_t * longhaul_layer_slots;
+    int32_t  longhaul_n_layer_slots;
     bool vocab_only;
     bool check_tensors;
     bool use_extra_bufts;

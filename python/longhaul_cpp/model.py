@@ -28,6 +28,9 @@ class Model(Handle):
     `context_params` (Model.context()'s defaults when None); `longhaul_fit` then holds
     the choice and its breakdown (CacheFit). `longhaul_cache_bytes=N` (the C field) takes an exact
     number of bytes instead.
+    `longhaul_layer_slots`: the expert slots of each layer instead of the budget's even split: {layer: slots}
+    (plan.policies.split_budget makes one from a recorded run), or one entry per layer (0 where a layer has no
+    routed experts); their bytes must fit in the budget.
     `tensor_buft_overrides` also takes a dict `{tensor name regex: buffer type name}`,
     like `-ot`: `{"ffn_.*_exps": "CPU"}` keeps the expert banks in the plain CPU layout.
     Split models load from the first shard's path.
@@ -64,6 +67,20 @@ class Model(Handle):
         keep: list[Any] = []  # buffers the params point into, alive until the load returns
         if isinstance(params.get("tensor_buft_overrides"), Mapping):
             params["tensor_buft_overrides"], keep = buft_overrides(params["tensor_buft_overrides"])
+        slots = params.pop("longhaul_layer_slots", None)
+        if slots is not None:
+            if load_mode != LoadMode.LONGHAUL:
+                raise ValueError("longhaul_layer_slots is only used with load_mode=LoadMode.LONGHAUL")
+            if isinstance(slots, Mapping):
+                by_layer = [0] * inspect_model(self.path).n_layer
+                for il, n in slots.items():
+                    if not 0 <= int(il) < len(by_layer):
+                        raise ValueError(f"longhaul_layer_slots names layer {il}; the model has {len(by_layer)}")
+                    by_layer[int(il)] = int(n)
+                slots = by_layer
+            arr = ffi.new("int32_t[]", [int(n) for n in slots])
+            keep.append(arr)
+            params.update(longhaul_layer_slots=arr, longhaul_n_layer_slots=len(arr))
         L = lib()
         p = L.llama_model_default_params()
         set_fields(p, "struct llama_model_params", {"load_mode": load_mode, "n_gpu_layers": n_gpu_layers, **params})

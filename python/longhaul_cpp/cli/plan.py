@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="FILE", help="write every budget's row to FILE")
     p.add_argument("--plot", metavar="FILE", help="draw hit rates and predicted t/s to FILE (needs matplotlib)")
     p.add_argument("--all", action="store_true", help="print every budget, not a selection")
+    p.add_argument("--write-split", metavar="FILE", help="write the per-layer split of the run's budget that reads the "
+                   "fewest expert bytes for this routing (longhaul_layer_slots; load it with "
+                   "longhaul_cpp.plan.split.load_split)")
     p.set_defaults(func=run)
 
 
@@ -98,6 +101,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("no knee: predicted time per token falls about evenly with every slot added (routing spread over the "
               "experts); the budget buys speed in proportion up to every expert")
+    if args.write_split:
+        from ..plan.split import plan_split
+        sp = plan_split(r, info, r.budget)
+        sp.to_json(Path(args.write_split))
+        print(f"per-layer split of {size_text(r.budget)}: {min(sp.slots.values())}-{max(sp.slots.values())} slots per "
+              f"layer (even: {min(sp.even.values())}-{max(sp.even.values())}); this routing reads "
+              f"{sp.bytes_split / MIB:.1f} MiB of experts with it, {sp.bytes_even / MIB:.1f} MiB with the even split; "
+              f"wrote {args.write_split}")
     if args.json:
         to_json(p.rows, p.knee, {"model": str(info.path), "bandwidth_bytes_per_s": p.bandwidth,
                                  "record_budget": r.budget, "n_prompt": r.n_prompt, "n_gen": r.n_gen,

@@ -109,13 +109,15 @@ def record_routing(path: str | Path, prompt: np.ndarray, tokens: Sequence[int], 
 
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int | str, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
-               random_gen: bool = False, timed: int = 2, flags: int = 0) -> RecordedRun:
+               random_gen: bool = False, timed: int = 2, flags: int = 0,
+               layer_slots: dict[int, int] | None = None) -> RecordedRun:
     """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) in
     longhaul mode at `budget`, once to warm up (as a steady-state server would be), then `timed` times, each phase
     keeping its faster repetition (the first timed one gives the misses to check the replay against); the routing
     of the same tokens is then recorded on a normal load (record_routing: all of them route alike). random_gen: feed random tokens instead of the greedy ones (llama-bench's tg workload; the same
     seed in every repetition). flags: `LonghaulFlag`s of the load. budget: bytes, or any `longhaul_cache` value
-    ("512MiB", "auto": chosen for this run's context; the run records the bytes)."""
+    ("512MiB", "auto": chosen for this run's context; the run records the bytes). layer_slots: a per-layer split
+    of the budget (longhaul_layer_slots) instead of the even one."""
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
         raise ValueError("the planner needs a prompt or generated tokens")
@@ -131,7 +133,8 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     fed: list[int] = []  # the tokens each repetition decodes after the prompt (all alike)
     cp = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_threads_batch=n_threads)
     budget = budget_bytes(budget, path, context_params={**cp, "n_ubatch": n_ubatch})
-    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget, longhaul_flags=flags) as model, \
+    split = {} if layer_slots is None else {"longhaul_layer_slots": layer_slots}
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget, longhaul_flags=flags, **split) as model, \
             model.context(n_ubatch=n_ubatch, **cp) as ctx:
         flags = int(model.longhaul_flags)
         eff_ubatch = ctx.n_ubatch  # what the slots allow: the recording load runs the same ubatches
