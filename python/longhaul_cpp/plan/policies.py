@@ -7,6 +7,7 @@ stay: the policy only chooses which unselected slots the misses replace.
 - `Lfu`: least frequently used with aging. Every plan counts one use per selected expert; every `period`
   plans all counts halve, so old popularity fades. A victim is the unselected slot with the lowest count,
   ties to the least recently used.
+- `Arc`: adaptive replacement (recency and "used again" lists, ghost lists moving the target between them).
 - `Slru`: segmented LRU. A miss enters a probation segment; a hit moves the expert into a protected segment
   of at most `protected` slots (its least recently used falls back to probation). Victims come from
   probation first, least recently used first.
@@ -109,7 +110,58 @@ class Slru(_Cache):
             self.protected.pop(0)
 
 
-POLICIES = {"lru": LruCache, "lfu": Lfu, "slru": Slru}
+class Arc(_Cache):
+    """Adaptive replacement (ARC): T1 holds experts used once lately, T2 those used again; ghost lists remember
+    what each evicted, and a miss found in a ghost list moves the target size of T1 toward the side that would
+    have kept it (recency when B1 hits, frequency when B2 hits)."""
+
+    def __init__(self, n_slots: int, n_expert: int) -> None:
+        super().__init__(n_slots, n_expert)
+        self.t1: list[int] = []  # experts, least recently used first
+        self.t2: list[int] = []
+        self.b1: list[int] = []
+        self.b2: list[int] = []
+        self.p = 0.0
+
+    def plan(self, ids: Sequence[int] | np.ndarray) -> int:
+        seen = list(dict.fromkeys(int(e) for e in ids))
+        if len(seen) > self.n_slots:
+            raise ValueError(f"a plan of {len(seen)} distinct experts does not fit {self.n_slots} slots")
+        pinned = set(seen)
+        misses = [e for e in seen if self.expert_slot[e] < 0]
+        for e in seen:  # hits move to T2's most recent end
+            if self.expert_slot[e] >= 0:
+                (self.t1 if e in self.t1 else self.t2).remove(e)
+                self.t2.append(e)
+        c = self.n_slots
+        for e in misses:
+            ghost_hit = e in self.b1 or e in self.b2
+            if e in self.b1:
+                self.p = min(c, self.p + max(len(self.b2) / len(self.b1), 1.0))
+                self.b1.remove(e)
+            elif e in self.b2:
+                self.p = max(0.0, self.p - max(len(self.b1) / len(self.b2), 1.0))
+                self.b2.remove(e)
+            slot = next((s for s in range(c) if self.slot_expert[s] < 0), -1)
+            if slot < 0:  # replace: T1's oldest unpinned when T1 is over its target, else T2's
+                t1 = [x for x in self.t1 if x not in pinned]
+                t2 = [x for x in self.t2 if x not in pinned]
+                from_t1 = bool(t1) and (len(self.t1) > self.p or not t2)
+                old = (t1 if from_t1 else t2)[0]
+                (self.t1 if from_t1 else self.t2).remove(old)
+                (self.b1 if from_t1 else self.b2).append(old)
+                slot = self.expert_slot[old]
+                self.expert_slot[old] = -1
+            self.slot_expert[slot] = e
+            self.expert_slot[e] = slot
+            (self.t2 if ghost_hit else self.t1).append(e)
+            for ghost in (self.b1, self.b2):
+                while len(ghost) > c:
+                    ghost.pop(0)
+        return len(misses)
+
+
+POLICIES = {"lru": LruCache, "lfu": Lfu, "slru": Slru, "arc": Arc}
 
 
 def split_budget(curves: Mapping[int, Sequence[int]], expert_bytes: Mapping[int, int], budget: int,
