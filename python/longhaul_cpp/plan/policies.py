@@ -61,7 +61,8 @@ class _Cache:
 
 
 class LruCache(_Cache):
-    """The library's LRU on this base (replay.Lru is its mirror; the two agree: tests/test_plan.py)."""
+    """The library's LRU (llama_longhaul_lru::plan): victims are empty slots first, then the least recently used
+    slots the plan does not use, ties by slot index; `replay.Lru` is this class."""
 
     def _victims(self, hits: set[int], n: int) -> list[int]:
         return [s for s in self.order if s not in hits][:n]

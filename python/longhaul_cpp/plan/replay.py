@@ -23,6 +23,7 @@ import numpy as np
 
 from ..modelinfo import expert_waves
 from ..params import LonghaulFlag
+from .policies import LruCache
 
 INF = np.iinfo(np.int64).max
 
@@ -35,52 +36,9 @@ class CachePolicy:
     compact: bool = True     # compact waves where they run fewer rows (LonghaulFlag.NO_COMPACT: never)
 
 
-class Lru:
-    """llama_longhaul_lru: n_slots slots over n_expert experts."""
-
-    def __init__(self, n_slots: int, n_expert: int) -> None:
-        self.n_slots = n_slots
-        self.slot_expert = [-1] * n_slots
-        self.expert_slot = [-1] * n_expert
-        self.order = list(range(n_slots))  # slots by (last use, slot index); empty slots have never been used
-
-    def cached(self, e: int) -> bool:
-        return self.expert_slot[e] >= 0
-
-    def plan(self, ids: Sequence[int] | np.ndarray) -> int:
-        """Plan one synchronization's ids; returns its misses."""
-        seen: set[int] = set()
-        hits: set[int] = set()
-        misses: list[int] = []
-        for e in ids:
-            e = int(e)
-            if e in seen:
-                continue
-            seen.add(e)
-            s = self.expert_slot[e]
-            if s >= 0:
-                hits.add(s)
-            else:
-                misses.append(e)
-        if len(seen) > self.n_slots:
-            raise ValueError(f"a plan of {len(seen)} distinct experts does not fit {self.n_slots} slots")
-        victims: list[int] = []
-        if misses:
-            for s in self.order:
-                if s not in hits:
-                    victims.append(s)
-                    if len(victims) == len(misses):
-                        break
-            for s, e in zip(victims, misses):
-                old = self.slot_expert[s]
-                if old >= 0:
-                    self.expert_slot[old] = -1
-                self.slot_expert[s] = e
-                self.expert_slot[e] = s
-        touched = hits.union(victims)
-        if touched:
-            self.order = [s for s in self.order if s not in touched] + sorted(touched)
-        return len(misses)
+# llama_longhaul_lru: n_slots slots over n_expert experts (the replacement loop lives in plan.policies, whose other
+# policies share it; tests/test_plan.py checks it against the library's planner)
+Lru = LruCache
 
 
 def compact_waves_for(k: int, n_tokens: int, wave_slots: int, n_expert: int) -> int:
