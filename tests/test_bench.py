@@ -104,6 +104,35 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert (out / "results.md").read_text() == md
 
 
+def test_bench_policies_scenario(make_model, tmp_path) -> None:
+    """The policies scenario on the calibrated router's token stream: for each budget below every expert, LRU and
+    LFU with the even and the planned split run in the library (their measured expert bytes are the replay's, in
+    every layer) next to Belady's bound (no policy reads less), one recommendation each, and the report's table."""
+    model = _tiny(make_model)
+    out = tmp_path / "out"
+    r = run(BENCH + ["--model", str(model), "--scenarios", "policies", "--routing", "calibrated", "--budgets",
+                     "1/4,1/2,1", "-p", "32", "-n", "24", "-r", "1", "--no-cold", "--sweep-direct-io", "auto",
+                     "-o", str(out)], text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())["policies"]
+    assert [(x["fraction"], x["policy"], x["split"] if x["policy"] != "belady" else "") for x in rows] == [
+        (f, p, s) for f in (0.25, 0.5) for p, s in (("lru", "even"), ("lru", "planned"), ("lfu", "even"),
+                                                    ("lfu", "planned"), ("belady", ""))]
+    for f in (0.25, 0.5):
+        got = [x for x in rows if x["fraction"] == f]
+        lib_rows, bound = got[:-1], got[-1]
+        assert bound["policy"] == "belady" and "gen_tps" not in bound
+        assert all(x["replay_equal"] for x in lib_rows)
+        assert all(x["measured_gen_bytes_per_token"] == x["replayed_gen_bytes_per_token"] for x in lib_rows)
+        assert all(x["replayed_gen_bytes_per_token"] >= bound["replayed_gen_bytes_per_token"] for x in lib_rows)
+        assert sum(x["recommended"] for x in got) == 1 and all(x["routing"] == "calibrated" for x in got)
+        assert all(x["gen_tps"] > 0 for x in lib_rows)
+    md = (out / "results.md").read_text()
+    assert "## Replacement policies and per-layer splits" in md and md.count("| calibrated | ") == len(rows)
+    r = run(BENCH + ["--model", str(model), "--routing", "bogus", "-o", str(out)], text=True)
+    assert r.returncode != 0 and "unknown routing(s) bogus" in r.stderr
+
+
 @pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
 def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     model = _tiny(make_model)

@@ -760,12 +760,38 @@ def test_stats_fill_no_more_than_the_callers_struct(make_model) -> None:
         assert not lib().llama_model_longhaul_stats(m.ptr, -1, st, 0)
 
 
-def test_per_layer_slots_are_honoured_bit_exact_and_replayed(make_model) -> None:
+@pytest.mark.parametrize("slots", ["all", "3k/2", "k", "staged", "1"])
+def test_lfu_is_bit_exact(make_model, slots) -> None:
+    """The opt-in LFU replacement (LonghaulFlag.LFU, --longhaul-policy lfu) changes which experts stay, never the
+    output: every expert, expert waves, k slots, stages and one slot, against a normal load bit for bit; its misses
+    differ from LRU's where there is a choice (the flag is honoured), and equal them where there is none."""
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    k = spec.n_expert_used
+    n_slots = {"all": spec.n_expert, "3k/2": 3 * k // 2, "k": k, "staged": k - 1, "1": 1}[slots]
+    misses = {}
+    for flags in (LonghaulFlag.LFU, LonghaulFlag(0)):
+        ids, logits, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, use_extra_bufts=False,
+                                       longhaul_cache=budget_for(spec, n_slots), longhaul_flags=flags)
+        assert info["flags"] & LonghaulFlag.LFU == flags
+        misses[flags] = [layer.n_misses for layer in info["stats"].layers]
+        ref_ids, ref_logits = reference(path, info["n_ubatch"])
+        assert ids == ref_ids
+        np.testing.assert_array_equal(logits, ref_logits)
+    if slots in ("all", "k", "1"):  # nothing is replaced, or every plan needs every slot: no choice to make
+        assert misses[LonghaulFlag.LFU] == misses[LonghaulFlag(0)]
+    elif slots == "3k/2":  # decode keeps k of 3k/2 slots: the policies choose differently
+        assert misses[LonghaulFlag.LFU] != misses[LonghaulFlag(0)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_per_layer_slots_are_honoured_bit_exact_and_replayed(make_model, policy) -> None:
     """longhaul_layer_slots instead of the even split: each routed layer gets its own slots (all, k, fewer than k,
-    one: waves, stages and one token at a time in one model), the output is a normal load's bit for bit, and the
-    planner's replay at each layer's slots gives the library's misses."""
+    one: stages and one token at a time in one model), with LRU and with the opt-in LFU: the output is a normal
+    load's bit for bit, and the planner's replay of that policy at each layer's slots gives the library's misses."""
     from longhaul_cpp.modelinfo import inspect_model
     from longhaul_cpp.plan import replay_lru
+    from longhaul_cpp.plan.policies import POLICIES
     from longhaul_cpp.plan.record import record_routing
 
     spec = spec_of("qwen3moe", "q8_0", {})
@@ -774,8 +800,10 @@ def test_per_layer_slots_are_honoured_bit_exact_and_replayed(make_model) -> None
     k, routed = spec.n_expert_used, sorted(info.expert_bytes)
     want = {il: (spec.n_expert, k, k - 1, 1)[i % 4] for i, il in enumerate(routed)}
     budget = sum(want[il] * info.expert_bytes[il] for il in routed)
+    flags = LonghaulFlag.LFU if policy == "lfu" else LonghaulFlag(0)
     ids, logits, run = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget,
-                                  longhaul_layer_slots=want, use_extra_bufts=False)
+                                  longhaul_layer_slots=want, use_extra_bufts=False, longhaul_flags=flags)
+    assert run["flags"] & LonghaulFlag.LFU == flags
     st = run["stats"]
     assert {layer.il: layer.n_slots for layer in st.layers} == want
     assert sum(layer.cache_bytes for layer in st.layers) == budget
@@ -790,7 +818,8 @@ def test_per_layer_slots_are_honoured_bit_exact_and_replayed(make_model) -> None
     for layer in st.layers:
         toks = routing.layers[layer.il]
         lc = calls if len(toks) == sum(calls) else [1] * len(toks)
-        assert int(replay_lru(toks, lc, layer.n_slots, spec.n_expert, 1)[0].sum()) == layer.n_misses, layer.il
+        got = int(replay_lru(toks, lc, layer.n_slots, spec.n_expert, 1, cache=POLICIES[policy])[0].sum())
+        assert got == layer.n_misses, layer.il
 
 
 def test_per_layer_slots_are_checked(make_model) -> None:

@@ -294,13 +294,22 @@ def test_plan_command(make_model, tmp_path) -> None:
     assert [b["n_slots"] for b in doc["budgets"]] == list(range(1, 33))
     assert doc["bandwidth_bytes_per_s"] == 100 * 2**20
     assert doc["hit_s_per_token"] > 0 and "every expert it selects cached: " in r.stdout
+    # the replacement and split recommendation: LRU and LFU, even and planned, then Belady's bound
+    rec = doc["recommendation"]
+    assert [(c["policy"], c["split"]) for c in rec["configs"]][:4] == [("lru", "even"), ("lru", "planned"),
+                                                                       ("lfu", "even"), ("lfu", "planned")]
+    assert rec["configs"][4]["policy"] == "belady"
+    assert all(c["bytes_gen"] >= rec["configs"][4]["bytes_gen"] for c in rec["configs"])
+    assert "recommended: " in r.stdout and "vs Belady" in r.stdout
     hits = [b["hit_lru_gen"] for b in doc["budgets"]]
     assert hits[-1] == 1.0 and all(b["hit_opt_gen"] >= b["hit_lru_gen"] for b in doc["budgets"])
     split = tmp_path / "split.json"
     r = _cli("plan", str(path), "-p", "16", "-n", "4", "--bandwidth", "run", "--all", "--write-split", str(split))
     assert r.returncode == 0 and "the recorded run's own reads" in r.stdout, r.stderr
     from longhaul_cpp.plan.split import load_split
-    assert f"wrote {split}" in r.stdout and len(load_split(split)) == len(json.loads(split.read_text())["even_slots"])
+    doc = json.loads(split.read_text())
+    assert f"wrote {split}" in r.stdout and len(load_split(split)) == inspect_model(path).n_layer
+    assert {il for il, n in enumerate(load_split(split)) if n} == {int(il) for il in doc["even_slots"]}
     assert len([ln for ln in r.stdout.splitlines() if re.search(r"[0-9.]+ (B|KiB|MiB|GiB) ", ln) and "%" in ln]) == 32
     for args, code, msg in ((["--bandwidth", "0"], 2, "bandwidth"), (["--bandwidth", "fast"], 2, "bandwidth"),
                             (["-n", "-1"], 2, "-n"),

@@ -3,6 +3,8 @@ shared base is the library's LRU (tests/test_plan.py checks it against the libra
 fewer experts than Belady's optimum, and the split honours its budget and reads no more than the even split."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -69,12 +71,16 @@ def test_split_budget_honours_the_budget_and_beats_the_even_split() -> None:
         split_budget(curves, eb, 300)
 
 
-def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path) -> None:
-    """plan_split on a recorded run: loaded as longhaul_layer_slots, the library misses in each layer what the
-    replay said (the second repetition, as the planner counts), and the split reads no more than the even one."""
-    from longhaul_cpp import SyntheticSpec
+@pytest.mark.parametrize("policy", ["lru", "lfu"])
+def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path, policy) -> None:
+    """plan_split on a recorded run, for the library's LRU and its opt-in LFU: loaded as longhaul_layer_slots
+    (from the file, as --longhaul-split reads it) with that replacement, the library misses in each layer what
+    the replay said (the second repetition, as the planner counts), and the split reads no more than the even
+    one."""
+    from longhaul_cpp import LonghaulFlag, SyntheticSpec
     from longhaul_cpp.modelinfo import inspect_model
     from longhaul_cpp.plan import random_prompt, record_run
+    from longhaul_cpp.plan.policies import POLICIES
     from longhaul_cpp.plan.split import layer_curves, load_split, plan_split
 
     spec = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0", router_skew=0.8)
@@ -84,13 +90,18 @@ def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path) -> No
     budget = info.budget_for(8)
     prompt = random_prompt(path, 48)
     run = record_run(path, prompt, 24, budget=budget, n_threads=2, n_ubatch=64, random_gen=True, timed=1)
-    sp = plan_split(run, info, budget, step=1)
+    cache = POLICIES[policy]
+    sp = plan_split(run, info, budget, step=1, cache=cache, cache_name=policy)
     assert sum(sp.slots[il] * info.expert_bytes[il] for il in sp.slots) <= budget
     assert all(info.n_expert_used <= s <= info.n_expert for s in sp.slots.values())
     assert sp.bytes_split <= sp.bytes_even
     sp.to_json(tmp_path / "split.json")
     slots = load_split(tmp_path / "split.json")
+    assert len(slots) == info.n_layer and {il: slots[il] for il in sp.slots} == sp.slots
+    assert json.loads((tmp_path / "split.json").read_text())["policy"] == policy
+    flags = LonghaulFlag.LFU if policy == "lfu" else 0
     again = record_run(path, prompt, 24, budget=budget, n_threads=2, n_ubatch=64, random_gen=True, timed=1,
-                       layer_slots=slots)
-    curves = layer_curves(run, info, list(range(info.n_expert_used, info.n_expert + 1)), 64)
-    assert again.misses == {il: int(curves[il][slots[il]]) for il in slots}
+                       layer_slots=tmp_path / "split.json", flags=flags)
+    assert bool(again.flags & LonghaulFlag.LFU) == (policy == "lfu")
+    curves = layer_curves(run, info, list(range(info.n_expert_used, info.n_expert + 1)), 64, cache=cache)
+    assert again.misses == {il: int(curves[il][slots[il]]) for il in sp.slots}

@@ -29,8 +29,9 @@ class Model(Handle):
     the choice and its breakdown (CacheFit). `longhaul_cache_bytes=N` (the C field) takes an exact
     number of bytes instead.
     `longhaul_layer_slots`: the expert slots of each layer instead of the budget's even split: {layer: slots}
-    (plan.policies.split_budget makes one from a recorded run), or one entry per layer (0 where a layer has no
-    routed experts); their bytes must fit in the budget.
+    (plan.policies.split_budget makes one from a recorded run), one entry per layer (0 where a layer has no
+    routed experts), or the path of a file `longhaul-cpp plan --write-split` wrote; their bytes must fit in the
+    budget. `longhaul_flags=LonghaulFlag.LFU`: replacement by use counts with aging instead of LRU.
     `tensor_buft_overrides` also takes a dict `{tensor name regex: buffer type name}`,
     like `-ot`: `{"ffn_.*_exps": "CPU"}` keeps the expert banks in the plain CPU layout.
     Split models load from the first shard's path.
@@ -71,6 +72,9 @@ class Model(Handle):
         if slots is not None:
             if load_mode != LoadMode.LONGHAUL:
                 raise ValueError("longhaul_layer_slots is only used with load_mode=LoadMode.LONGHAUL")
+            if isinstance(slots, (str, os.PathLike)):
+                from .plan.split import load_split
+                slots = load_split(slots)
             if isinstance(slots, Mapping):
                 by_layer = [0] * inspect_model(self.path).n_layer
                 for il, n in slots.items():

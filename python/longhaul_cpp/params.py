@@ -19,8 +19,8 @@ LoadMode.__doc__ = "Mirrors `enum llama_load_mode` (taken from the binding's dec
 LonghaulFlag = enum.IntFlag("LonghaulFlag", {name[len("LLAMA_LONGHAUL_FLAG_"):]: value for value, name in
                                              sorted(ffi.typeof("enum llama_longhaul_flag").elements.items())})
 LonghaulFlag.__doc__ = ("Mirrors `enum llama_longhaul_flag`: DIRECT_IO / NO_DIRECT_IO and PIPELINE / NO_PIPELINE "
-                        "(default: the library decides), PREFETCH (an experiment), and the measurement switches "
-                        "NO_OVERLAP, NO_COMPACT, STAGED.")
+                        "(default: the library decides), PREFETCH (an experiment), LFU (replacement by use counts with "
+                        "aging instead of LRU), and the measurement switches NO_OVERLAP, NO_COMPACT, STAGED.")
 
 
 def set_fields(struct: Any, kind: str, values: dict[str, Any]) -> None:

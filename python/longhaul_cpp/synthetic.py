@@ -72,6 +72,8 @@ class SyntheticSpec:
     n_ctx_train: int = _opt(4096, "training context length")
     router_skew: float = _opt(0.0, "0 = uniform routing; > 0 = Zipf-like expert popularity (router row e scaled by "
                               "(1 + rank) ** -skew; 1.2 gives ~55%% LRU hits with 1/8 of the experts cached)")
+    router_skew_spread: float = _opt(0.0, "per-layer skew: layer il's is router_skew * (1 + spread * x_il), x_il "
+                                     "spread over [-1, 1) (0: every layer alike; the calibrated router uses 0.5)")
     seed: int = _opt(0, "random seed of the weights")
     chat_template: bool = _opt(True, "write tokenizer.chat_template (ChatML); False: a model without one")
 
@@ -112,6 +114,8 @@ class SyntheticSpec:
                              f">= full_attention_interval ({self.full_attention_interval})")
         if self.router_skew < 0:
             raise ValueError("router_skew must be >= 0 (0 = uniform routing)")
+        if not 0 <= self.router_skew_spread <= 1:
+            raise ValueError("router_skew_spread must be between 0 and 1 (0: every layer has router_skew)")
         if self.arch in DENSE_LEAD_ARCHS and not 0 <= self.n_layer_dense_lead < self.n_layer:
             raise ValueError(f"{self.arch} needs 0 <= n_layer_dense_lead < n_layer")
         if self.vocab not in VOCABS:

@@ -69,7 +69,7 @@ def family_tensors(spec: SyntheticSpec) -> Iterator[TensorDef]:
             yield TensorDef(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
             continue
 
-        yield TensorDef(p + "ffn_gate_inp.weight", (E, X), "custom", fill=router_fill(spec))
+        yield TensorDef(p + "ffn_gate_inp.weight", (E, X), "custom", fill=router_fill(spec, il))
         if a == "gpt-oss":
             yield TensorDef(p + "ffn_gate_inp.bias", (X,), "custom", fill=_normal(0.1))
         if a in ("deepseek2", "glm4moe"):

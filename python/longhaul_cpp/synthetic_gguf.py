@@ -124,7 +124,7 @@ def tensor_layout(spec: SyntheticSpec) -> Iterator[TensorDef]:
             yield TensorDef(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
             continue
 
-        yield TensorDef(p + "ffn_gate_inp.weight", (E, X), "custom", fill=router_fill(spec))
+        yield TensorDef(p + "ffn_gate_inp.weight", (E, X), "custom", fill=router_fill(spec, il))
         if spec.arch == "laguna":
             yield TensorDef(p + "exp_probs_b.bias", (X,), "custom", fill=lambda rng, s: np.zeros(s, dtype=np.float32))
         if spec.merged_gate_up:
@@ -179,7 +179,7 @@ def _inkling_tensors(spec: SyntheticSpec) -> Iterator[TensorDef]:
             yield TensorDef(p + "ffn_up.weight", (E, spec.n_ff), "matrix", inv(E))
             yield TensorDef(p + "ffn_down.weight", (spec.n_ff, E), "matrix", inv(spec.n_ff))
             continue
-        yield TensorDef(p + "ffn_gate_inp.weight", (E, X + 2), "custom", fill=router_fill(spec))
+        yield TensorDef(p + "ffn_gate_inp.weight", (E, X + 2), "custom", fill=router_fill(spec, il))
         yield TensorDef(p + "exp_probs_b.bias", (X,), "custom", fill=normal(0.05))
         yield TensorDef(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
         yield TensorDef(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))

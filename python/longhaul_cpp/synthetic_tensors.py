@@ -26,17 +26,25 @@ class TensorDef:
     fill: Callable[[np.random.Generator, tuple[int, ...]], np.ndarray] | None = None
 
 
-def router_fill(spec: SyntheticSpec) -> Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]:
-    """Router rows ~ N(0, 1/n_embd); with router_skew > 0, row e is scaled by (1 + rank_e) ** -skew
+def layer_skew(spec: SyntheticSpec, il: int) -> float:
+    """The router skew of layer il: router_skew * (1 + router_skew_spread * x), x in [-1, 1) from the golden-ratio
+    sequence of the layer index (layers differ, spread evenly, in no monotone order)."""
+    x = 2.0 * ((il * 0.6180339887498949) % 1.0) - 1.0
+    return max(0.0, spec.router_skew * (1.0 + spec.router_skew_spread * x))
+
+
+def router_fill(spec: SyntheticSpec, il: int = 0) -> Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]:
+    """Router rows ~ N(0, 1/n_embd); with a skew > 0 (layer_skew), row e is scaled by (1 + rank_e) ** -skew
     (ranks a random permutation per layer), so a few experts win the top-k far more often:
     a Zipf-like popularity instead of uniform routing."""
     inv_e = np.float32(1.0 / math.sqrt(spec.n_embd))
+    skew = layer_skew(spec, il)
 
     def fill(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         w = rng.standard_normal(shape, dtype=np.float32) * inv_e
-        if spec.router_skew > 0:
+        if skew > 0:
             rank = rng.permutation(shape[0])
-            w *= ((1.0 + rank) ** -spec.router_skew).astype(np.float32)[:, None]
+            w *= ((1.0 + rank) ** -skew).astype(np.float32)[:, None]
         return w
 
     return fill

@@ -18,9 +18,9 @@ BENCH_MODELS: dict[str, SyntheticSpec] = {
                            n_expert_used=8, n_ff_exp=768, n_ff_shexp=768, expert_type="q4_0", weight_type="q8_0",
                            seed=2),
 }
-ZIPF_SKEW = 1.2  # router_skew of the "zipf" routing (see synthetic_gguf._router_fill)
-ROUTINGS = ("uniform", "zipf")
-SCENARIOS = ("resident", "allcached", "cap", "sweep")
+ROUTINGS = ("uniform", "zipf")  # the default routings; routers.ROUTERS has "calibrated" too (--routing)
+SCENARIOS = ("resident", "allcached", "cap", "sweep", "policies")
+DEFAULT_SCENARIOS = ("resident", "allcached", "cap", "sweep")
 
 
 class BenchError(RuntimeError):
@@ -31,7 +31,7 @@ class BenchError(RuntimeError):
 class BenchConfig:
     model: str = "medium"            # "medium" | "large" | a GGUF path
     routings: tuple[str, ...] = ROUTINGS
-    scenarios: tuple[str, ...] = SCENARIOS
+    scenarios: tuple[str, ...] = DEFAULT_SCENARIOS
     fractions: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
     cap_fraction: float = 0.5
     cap_gib: float | None = None     # an absolute cap instead of cap_fraction

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..paths import cache_dir
+from ..routers import router_of
 from ..synthetic_gguf import make_model
-from .config import BENCH_MODELS, ZIPF_SKEW
+from .config import BENCH_MODELS
 
 
 def bench_dir() -> Path:
@@ -17,11 +18,9 @@ def bench_dir() -> Path:
 
 
 def bench_model(name: str, routing: str, progress: Callable[[int, int], None] | None = None) -> Path:
-    """The benchmark model `name` with `routing` ("uniform" | "zipf"), generated once into bench_dir()
-    (a spec sidecar next to it: a changed spec makes it again)."""
-    spec = BENCH_MODELS[name]
-    if routing == "zipf":
-        spec = dataclasses.replace(spec, router_skew=ZIPF_SKEW)
+    """The benchmark model `name` with `routing`'s router (routers.ROUTERS: uniform, zipf, calibrated), generated
+    once into bench_dir() (a spec sidecar next to it: a changed spec makes it again)."""
+    spec = router_of(routing).spec(BENCH_MODELS[name])
     path = bench_dir() / (f"bench-{name}.gguf" if routing == "uniform" else f"bench-{name}-{routing}.gguf")
     meta = path.with_suffix(".json")
     want = dataclasses.asdict(spec)

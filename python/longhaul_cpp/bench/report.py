@@ -95,6 +95,9 @@ def markdown(res: dict[str, Any]) -> str:
         for b, kind in planned:
             lines.append(f"| {b['label']} | {b['routing']} | {kind} | {b['tokens_per_s']:.2f} | "
                          f"{b['predicted_tokens_per_s']:.2f} | {100 * b['predicted_error']:+.0f} % |")
+    if res.get("policies"):
+        from .policies import markdown as policies_markdown
+        lines += ["", policies_markdown(res["policies"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

@@ -245,5 +245,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
                 for r in got:
                     r.predicted_tokens_per_s = predicted[budget].get(r.kind)
                 runs += got
+    if "policies" in cfg.scenarios:
+        from .policies import run_policies
+        res["policies"] = run_policies(cfg, models, info, _DIRECT_FLAGS[cfg.sweep_direct_io], log)
     res["analysis"] = analyse(runs, info, bw, res["model"]["io_bytes"])
     return res

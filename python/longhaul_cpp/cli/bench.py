@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ..bench import ROUTINGS, SCENARIOS, BenchConfig, parse_fractions, rewrite_reports, run_bench, write_reports
+from ..routers import ROUTERS
 from .common import Progress
 
 
@@ -17,10 +18,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "(cgroup memory controller, dropping the page cache).")
     p.add_argument("--model", default="medium", help="medium (2.6 GiB) | large (10.6 GiB): synthetic benchmark models, "
                    "generated once into the cache; or a GGUF path (default: medium)")
-    p.add_argument("--routing", choices=(*ROUTINGS, "both"), default="both",
-                   help="router of the synthetic models: uniform (worst case for a cache) or Zipf-like popularity")
+    p.add_argument("--routing", default="both",
+                   help="routers of the synthetic models, comma-separated: uniform (worst case for a cache), zipf "
+                        "(static Zipf-like popularity), calibrated (routing that hits like published models', "
+                        "driven by a persistent token stream; docs/routing-policies.md); both: uniform,zipf (default)")
     p.add_argument("--scenarios", default="resident,allcached,cap,sweep",
-                   help="comma-separated subset of resident,allcached,cap,sweep (default: all)")
+                   help="comma-separated subset of resident,allcached,cap,sweep,policies (default: all but policies: "
+                        "bytes per token and t/s of each replacement policy and per-layer split)")
     p.add_argument("--budgets", default="1/16,1/8,1/4,1/2,1",
                    help="sweep budgets as fractions of the routed experts (default: 1/16,1/8,1/4,1/2,1)")
     p.add_argument("--cap", type=float, default=0.5, help="memory cap as a fraction of the model file (default 0.5)")
@@ -51,7 +55,11 @@ def run(args: argparse.Namespace) -> int:
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad:
         raise ValueError(f"unknown scenario(s) {', '.join(bad)}: choose from {', '.join(SCENARIOS)}")
-    routings = ROUTINGS if args.routing == "both" else (args.routing,)
+    routings = ROUTINGS if args.routing == "both" else tuple(r.strip() for r in args.routing.split(",") if r.strip())
+    unknown = [r for r in routings if r not in ROUTERS]
+    if unknown or not routings:
+        raise ValueError(f"unknown routing(s) {', '.join(unknown) or '(none)'}: choose from {', '.join(ROUTERS)} "
+                         "or both")
     cfg = BenchConfig(model=args.model, routings=routings, scenarios=scenarios, fractions=parse_fractions(args.budgets),
                       cap_fraction=args.cap, cap_gib=args.cap_gib, n_prompt=args.n_prompt, n_gen=args.n_gen, n_gen_capped=args.n_gen_capped,
                       threads=args.threads, reps=args.repetitions, cold=not args.no_cold,

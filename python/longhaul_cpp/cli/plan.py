@@ -39,8 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="FILE", help="draw hit rates and predicted t/s to FILE (needs matplotlib)")
     p.add_argument("--all", action="store_true", help="print every budget, not a selection")
     p.add_argument("--write-split", metavar="FILE", help="write the per-layer split of the run's budget that reads the "
-                   "fewest expert bytes for this routing (longhaul_layer_slots; load it with "
-                   "longhaul_cpp.plan.split.load_split)")
+                   "fewest expert bytes for this routing with the recommended policy (pass it as --longhaul-split FILE "
+                   "to llama-cli, llama-server and llama-bench, or longhaul_layer_slots=FILE to Model and Llama)")
     p.set_defaults(func=run)
 
 
@@ -101,18 +101,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("no knee: predicted time per token falls about evenly with every slot added (routing spread over the "
               "experts); the budget buys speed in proportion up to every expert")
+    from ..plan.recommend import as_json, gain, recommend, table as rec_table
+    rec = recommend(r, info, r.budget, p.bandwidth)
+    print(f"replacement and per-layer split at the run's budget, {size_text(r.budget)} (replayed; Belady is the "
+          "bound no policy passes):")
+    print(rec_table(rec))
+    best = rec.best
+    if best is rec.default:
+        print("recommended: the defaults (LRU, the budget split evenly): no other configuration reads 5 % less")
+    else:
+        print(f"recommended: {best.flags()} ({best.policy.upper()}, {best.split} split): reads {gain(rec):.0%} less "
+              "than the defaults" + (" (write FILE with --write-split)" if best.split == "planned" else ""))
     if args.write_split:
-        from ..plan.split import plan_split
-        sp = plan_split(r, info, r.budget)
+        sp = next(c.plan for c in rec.configs if c.policy == best.policy and c.split == "planned")
+        assert sp is not None
         sp.to_json(Path(args.write_split))
-        print(f"per-layer split of {size_text(r.budget)}: {min(sp.slots.values())}-{max(sp.slots.values())} slots per "
-              f"layer (even: {min(sp.even.values())}-{max(sp.even.values())}); this routing reads "
-              f"{sp.bytes_split / MIB:.1f} MiB of experts with it, {sp.bytes_even / MIB:.1f} MiB with the even split; "
-              f"wrote {args.write_split}")
+        print(f"per-layer split of {size_text(r.budget)} for {sp.policy.upper()}: {min(sp.slots.values())}-"
+              f"{max(sp.slots.values())} slots per layer (even: {min(sp.even.values())}-{max(sp.even.values())}); "
+              f"this routing reads {sp.bytes_split / MIB:.1f} MiB of experts with it, {sp.bytes_even / MIB:.1f} MiB "
+              f"with the even split; wrote {args.write_split}")
     if args.json:
         to_json(p.rows, p.knee, {"model": str(info.path), "bandwidth_bytes_per_s": p.bandwidth,
                                  "record_budget": r.budget, "n_prompt": r.n_prompt, "n_gen": r.n_gen,
-                                 "hit_s_per_token": r.hit_s}, Path(args.json))
+                                 "hit_s_per_token": r.hit_s, "recommendation": as_json(rec)}, Path(args.json))
         print(f"wrote {args.json}")
     if args.plot:
         title = f"{info.path.name}: {r.n_prompt} prompt + {r.n_gen} generated tokens"

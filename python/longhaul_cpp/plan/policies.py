@@ -4,9 +4,9 @@ Each cache has LRU's interface (`n_slots`, `cached(e)`, `plan(ids) -> misses`), 
 runs it through the same ubatches, k-stages and expert waves as the library. A plan's selected experts all
 stay: the policy only chooses which unselected slots the misses replace.
 
-- `Lfu`: least frequently used with aging. Every plan counts one use per selected expert; every `period`
-  plans all counts halve, so old popularity fades. A victim is the unselected slot with the lowest count,
-  ties to the least recently used.
+- `Lfu`: least frequently used with aging, the library's LonghaulFlag.LFU (llama_longhaul_lru::set_lfu). Every
+  plan counts one use per selected expert; every `period` plans all counts halve (integer division), so old
+  popularity fades. A victim is the unselected slot with the lowest count, ties to the least recently used.
 - `Arc`: adaptive replacement (recency and "used again" lists, ghost lists moving the target between them).
 - `Slru`: segmented LRU. A miss enters a probation segment; a hit moves the expert into a protected segment
   of at most `protected` slots (its least recently used falls back to probation). Victims come from
@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
+from ..params import LonghaulFlag
 
 
 class _Cache:
@@ -68,10 +70,13 @@ class LruCache(_Cache):
         return [s for s in self.order if s not in hits][:n]
 
 
+LFU_PERIOD = 64  # LLAMA_LONGHAUL_LFU_PERIOD
+
+
 class Lfu(_Cache):
-    def __init__(self, n_slots: int, n_expert: int, period: int = 64) -> None:
+    def __init__(self, n_slots: int, n_expert: int, period: int = LFU_PERIOD) -> None:
         super().__init__(n_slots, n_expert)
-        self.count = np.zeros(n_expert)
+        self.count = np.zeros(n_expert, dtype=np.int64)
         self.period, self.n_plans = period, 0
 
     def _victims(self, hits: set[int], n: int) -> list[int]:
@@ -84,7 +89,7 @@ class Lfu(_Cache):
             self.count[self.slot_expert[s]] += 1
         self.n_plans += 1
         if self.n_plans % self.period == 0:
-            self.count *= 0.5
+            self.count >>= 1
 
 
 class Slru(_Cache):
@@ -163,6 +168,12 @@ class Arc(_Cache):
 
 
 POLICIES = {"lru": LruCache, "lfu": Lfu, "slru": Slru, "arc": Arc}
+LIBRARY_POLICIES = ("lru", "lfu")  # the ones the library runs (--longhaul-policy)
+
+
+def cache_for_flags(flags: int) -> type[_Cache]:
+    """The replacement a load with these `LonghaulFlag`s runs: Lfu with LFU, else LRU."""
+    return Lfu if int(flags) & LonghaulFlag.LFU else LruCache
 
 
 def split_budget(curves: Mapping[int, Sequence[int]], expert_bytes: Mapping[int, int], budget: int,

@@ -22,13 +22,15 @@ reads.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..longhaul import MIB
 from ..modelinfo import ModelInfo
 from .record import PhaseRun, RecordedRun
+from .policies import cache_for_flags
 from .replay import CachePolicy, policy_from_flags, replay_lru, replay_optimal
 
 
@@ -86,18 +88,21 @@ class Replay:
     selected: dict[int, np.ndarray]
 
 
-def replay(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy | None = None) -> Replay:
+def replay(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy | None = None,
+           cache: Callable[[int, int], Any] | None = None, slots: Mapping[int, int] | None = None) -> Replay:
     """The run's routing at `budget`: the run repeated (as it was: a warm-up, then the recorded repetition),
-    the recorded repetition's counts."""
+    the recorded repetition's counts. cache: the replacement (default: the run's, from its flags); slots: a
+    per-layer split of the budget (default: the even one)."""
     policy = policy or policy_from_flags(info.expert_bias, run.flags)
-    slots = info.slots(budget)
+    cache = cache or cache_for_flags(run.flags)
+    slots = slots or info.slots(budget)
     ubatch = info.effective_ubatch(budget, run.n_ubatch)
     n = len(run.calls)
     out = Replay({}, {}, {})
     for il, toks in run.routing.layers.items():
         calls = run.layer_calls(il) * 2
         twice = np.concatenate([toks, toks])
-        m, sel = replay_lru(twice, calls, slots[il], info.n_expert, ubatch, policy)
+        m, sel = replay_lru(twice, calls, slots[il], info.n_expert, ubatch, policy, cache)
         out.lru[il], out.selected[il] = m[n:], sel[n:]
         out.opt[il] = replay_optimal(twice, calls, slots[il], info.n_expert, ubatch)[n:]
     return out

@@ -109,18 +109,25 @@ def record_routing(path: str | Path, prompt: np.ndarray, tokens: Sequence[int], 
 
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int | str, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
-               random_gen: bool = False, timed: int = 2, flags: int = 0,
-               layer_slots: dict[int, int] | None = None) -> RecordedRun:
+               random_gen: bool = False, timed: int = 2, flags: int = 0, feed: Sequence[int] | None = None,
+               routing: Routing | None = None,
+               layer_slots: dict[int, int] | Sequence[int] | str | Path | None = None) -> RecordedRun:
     """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) in
     longhaul mode at `budget`, once to warm up (as a steady-state server would be), then `timed` times, each phase
     keeping its faster repetition (the first timed one gives the misses to check the replay against); the routing
-    of the same tokens is then recorded on a normal load (record_routing: all of them route alike). random_gen: feed random tokens instead of the greedy ones (llama-bench's tg workload; the same
-    seed in every repetition). flags: `LonghaulFlag`s of the load. budget: bytes, or any `longhaul_cache` value
+    of the same tokens is then recorded on a normal load (record_routing: all of them route alike). random_gen:
+    feed random tokens instead of the greedy ones (llama-bench's tg workload; the same seed in every repetition). feed: the n_gen tokens to decode after the prompt instead (a token stream such as
+    routers.topic_stream: the routing it drives, whatever the model would pick); routing: the routing of these very
+    tokens, recorded before (another run of the same prompt and feed): not recorded again. flags: `LonghaulFlag`s
+    of the load. budget: bytes, or any `longhaul_cache` value
     ("512MiB", "auto": chosen for this run's context; the run records the bytes). layer_slots: a per-layer split
-    of the budget (longhaul_layer_slots) instead of the even one."""
+    of the budget (longhaul_layer_slots: {layer: slots}, one entry per layer, or a --write-split file) instead of
+    the even one."""
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
         raise ValueError("the planner needs a prompt or generated tokens")
+    if feed is not None and len(feed) < n_gen:
+        raise ValueError(f"feed has {len(feed)} tokens for {n_gen} generated ones")
     n_ctx = len(toks) + n_gen + 8
     calls = [min(n_batch, len(toks) - i) for i in range(0, len(toks), n_batch)] + [1] * n_gen
     outputs = [0] * (len(calls) - n_gen) + [1] * n_gen
@@ -144,7 +151,11 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
             s0 = model.longhaul_stats()
             t0 = time.perf_counter()
             next_tok = int(toks[-1]) if len(toks) else 0
-            pick = (lambda: int(rng.integers(model.n_vocab))) if random_gen else (lambda: int(np.argmax(ctx.logits())))
+            fed_src = iter([int(t) for t in feed[:n_gen]] + [0]) if feed is not None else iter(())
+            pick = ((lambda: next(fed_src)) if feed is not None else
+                    (lambda: int(rng.integers(model.n_vocab))) if random_gen else (lambda: int(np.argmax(ctx.logits()))))
+            if feed is not None and not len(toks):
+                next_tok = pick()
             if len(toks):
                 ctx.decode(toks)
                 next_tok = pick()
@@ -164,15 +175,15 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
             s2 = model.longhaul_stats()
             if rep == 1:  # the misses the replay must give (every repetition after the warm-up has the same)
                 misses = {b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)}
-            # in every repetition, so that each starts alike (re-touching the experts the last decode used
-            # changes no slot's LRU order anyway: the replay check would see it)
-            hit = time_hits(ctx, model, state, last, max(8, n_gen)) if n_gen else None
             if rep == 0:
                 continue
-            hits.append(hit)
+            # after the misses are taken, so the warm-up alone comes before them, as in the replay: re-touching
+            # the experts the last decode used changes no slot's LRU order, but it adds uses under LFU
+            hits.append(time_hits(ctx, model, state, last, max(8, n_gen)) if n_gen else None)
             prompt_run = faster(prompt_run, PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total))
             gen_run = faster(gen_run, PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total))
-    routing = record_routing(path, toks, fed, n_ubatch=eff_ubatch, max_ids=max_ids, **cp)
+    if routing is None:
+        routing = record_routing(path, toks, fed, n_ubatch=eff_ubatch, max_ids=max_ids, **cp)
     assert prompt_run is not None and gen_run is not None
     routing.check_complete(sum(calls), sum(outputs))
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,

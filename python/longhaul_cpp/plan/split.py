@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..modelinfo import ModelInfo
-from .policies import split_budget
+from .policies import LruCache, split_budget
 from .record import RecordedRun
-from .replay import CachePolicy, Lru, policy_from_flags, replay_lru
+from .replay import CachePolicy, policy_from_flags, replay_lru
 
 
 @dataclasses.dataclass
@@ -24,20 +24,37 @@ class Split:
     even: dict[int, int]         # the library's default at the same budget
     bytes_split: int             # expert bytes the recorded run's routing reads with each
     bytes_even: int
+    n_layer: int = 0             # the model's layers (the library's list has one entry each)
+    policy: str = "lru"          # the replacement the split was planned for (--longhaul-policy)
+
+    def layer_slots(self) -> list[int]:
+        """One entry per layer, 0 where a layer has no routed experts: the library's longhaul_layer_slots."""
+        return [self.slots.get(il, 0) for il in range(max(self.n_layer, max(self.slots, default=-1) + 1))]
 
     def to_json(self, path: Path) -> None:
-        path.write_text(json.dumps({"budget": self.budget, "longhaul_layer_slots": self.slots,
-                                    "even_slots": self.even, "expert_bytes_read": {"split": self.bytes_split,
-                                                                                   "even": self.bytes_even}}, indent=1))
+        """The file --longhaul-split (llama-cli, llama-server, llama-bench) and Model(longhaul_layer_slots=path)
+        read: "layer_slots" is the library's list; the rest says what it was planned for."""
+        path.write_text(json.dumps({"budget": self.budget, "policy": self.policy, "layer_slots": self.layer_slots(),
+                                    "longhaul_layer_slots": self.slots, "even_slots": self.even,
+                                    "expert_bytes_read": {"split": self.bytes_split, "even": self.bytes_even}},
+                                   indent=1))
 
 
-def load_split(path: str | Path) -> dict[int, int]:
-    """`longhaul_layer_slots` from a file `longhaul-cpp plan --write-split` wrote."""
-    return {int(il): int(n) for il, n in json.loads(Path(path).read_text())["longhaul_layer_slots"].items()}
+def load_split(path: str | Path) -> list[int]:
+    """The per-layer slots (one entry per layer) of a file `longhaul-cpp plan --write-split` wrote."""
+    try:
+        data = json.loads(Path(path).read_text())
+        slots = [int(n) for n in data["layer_slots"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a split written by `longhaul-cpp plan --write-split` ({e!r}): it needs "
+                         "\"layer_slots\", a list of expert slots per layer") from e
+    if not slots:
+        raise ValueError(f"{path}: the split lists no layer")
+    return slots
 
 
 def layer_curves(run: RecordedRun, info: ModelInfo, counts: list[int], n_ubatch: int,
-                 policy: CachePolicy | None = None, cache: Callable[[int, int], Any] = Lru) -> dict[int, np.ndarray]:
+                 policy: CachePolicy | None = None, cache: Callable[[int, int], Any] = LruCache) -> dict[int, np.ndarray]:
     """Misses of each routed layer at each slot count (index = slots; counts not replayed are interpolated)."""
     policy = policy or policy_from_flags(info.expert_bias, run.flags)
     n = len(run.calls)
@@ -52,7 +69,8 @@ def layer_curves(run: RecordedRun, info: ModelInfo, counts: list[int], n_ubatch:
 
 
 def plan_split(run: RecordedRun, info: ModelInfo, budget: int, *, step: int = 0,
-               policy: CachePolicy | None = None) -> Split:
+               policy: CachePolicy | None = None, cache: Callable[[int, int], Any] = LruCache,
+               cache_name: str = "lru") -> Split:
     """The split of `budget` that reads the fewest expert bytes for the run's routing. Every layer keeps a
     token's experts (n_expert_used slots) when the budget allows it, so the ubatch is the run's; `step`: replay
     every step-th slot count (0: about 32 points per layer)."""
@@ -62,9 +80,10 @@ def plan_split(run: RecordedRun, info: ModelInfo, budget: int, *, step: int = 0,
     counts = sorted({*range(floor, info.n_expert + 1, step), info.n_expert})
     even = info.slots(budget)
     n_ubatch = info.effective_ubatch(budget, run.n_ubatch) if floor >= k else 1
-    curves = layer_curves(run, info, counts, n_ubatch, policy)
+    curves = layer_curves(run, info, counts, n_ubatch, policy, cache)
     for c in curves.values():
         c[:floor] = c[floor]  # below the floor: not replayed (never chosen)
     slots = split_budget(curves, info.expert_bytes, budget, {il: floor for il in curves})
     read = lambda alloc: sum(int(curves[il][alloc[il]]) * info.expert_bytes[il] for il in curves)  # noqa: E731
-    return Split(budget=budget, slots=slots, even=even, bytes_split=read(slots), bytes_even=read(even))
+    return Split(budget=budget, slots=slots, even=even, bytes_split=read(slots), bytes_even=read(even),
+                 n_layer=info.n_layer, policy=cache_name)
