@@ -89,6 +89,32 @@ def test_make_model_command(tmp_path: Path) -> None:
     assert "blk.0.ffn_gate_up_exps.weight" in names and "blk.0.ffn_gate_exps.weight" not in names
 
 
+def test_make_model_router(tmp_path: Path) -> None:
+    """--router calibrated scales layer il's router rows by (1 + rank) ** -skew_il, skew_il from layer_skew (0.2 to
+    0.6, a different one per layer); the same seed with --router uniform writes the unscaled rows."""
+    import gguf
+    import numpy as np
+
+    from longhaul_cpp import SyntheticSpec
+    from longhaul_cpp.routers import ROUTERS
+    from longhaul_cpp.synthetic_tensors import layer_skew
+
+    rows = {}
+    for router in ("uniform", "calibrated"):
+        out = tmp_path / f"{router}.gguf"
+        r = run([sys.executable, "-m", "longhaul_cpp", "make-model", str(out), "--arch", "qwen3moe", "--n-expert", "32",
+                 "--n-layer", "4", "--router", router], text=True)
+        assert r.returncode == 0, r.stderr
+        rows[router] = {t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(out).tensors
+                        if t.name.endswith("ffn_gate_inp.weight")}
+    spec = ROUTERS["calibrated"].spec(SyntheticSpec(arch="qwen3moe", n_expert=32, n_layer=4))
+    for il in range(4):
+        name = f"blk.{il}.ffn_gate_inp.weight"
+        scale = np.sort((rows["calibrated"][name] / rows["uniform"][name]).mean(axis=1))[::-1]
+        np.testing.assert_allclose(scale, (1.0 + np.arange(32)) ** -layer_skew(spec, il), rtol=1e-4)
+    assert len({round(layer_skew(spec, il), 6) for il in range(4)}) == 4
+
+
 def test_make_model_rejects_bad_options(tmp_path: Path) -> None:
     r = run([sys.executable, "-m", "longhaul_cpp", "make-model", str(tmp_path / "x.gguf"), "--arch", "laguna",
              "--merged-gate-up"], text=True)

@@ -111,6 +111,57 @@ def test_longhaul_switches_reach_the_library(model) -> None:
     assert r.returncode != 0 and b"--longhaul-io-threads expects a number" in r.stderr + r.stdout
 
 
+def test_policy_and_split_reach_the_library(model, tmp_path) -> None:
+    """--longhaul-policy lfu and --longhaul-split FILE (the planner's file) in llama-completion, llama-server and
+    llama-bench: the load log names the replacement, every layer gets the file's slots, /props shows them, the
+    output is a normal load's; a file that is not a split, a split with --longhaul-cache auto, an unknown policy
+    and a split without --longhaul are refused by name."""
+    from longhaul_cpp.plan.split import Split
+
+    info = inspect_model(model)
+    routed = sorted(info.expert_bytes)
+    k = MODEL.n_expert_used
+    want = {il: (k + 3, k, k + 1, 2 * k)[i % 4] for i, il in enumerate(routed)}
+    budget = sum(want[il] * info.expert_bytes[il] for il in routed)
+    split = tmp_path / "split.json"
+    Split(budget=budget, slots=want, even=info.slots(budget), bytes_split=0, bytes_even=0, n_layer=info.n_layer,
+          policy="lfu").to_json(split)
+    lh = ("--longhaul", "--longhaul-cache", f"{budget}B", "--longhaul-split", str(split), "--n-gpu-layers", "0")
+    ref = completion(model, "--n-gpu-layers", "0")
+    r = completion(model, *lh, "--longhaul-policy", "lfu", "-v")
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, err[-3000:]
+    assert r.stdout == ref.stdout and "replacement: least frequently used" in err
+    got = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"longhaul: layer +(\d+): +(\d+) of +\d+ experts", err)}
+    assert got == want
+    r = completion(model, *lh, "-v")
+    assert r.stdout == ref.stdout and "replacement: least recently used" in r.stderr.decode(errors="replace")
+    with server(model, *lh, "--longhaul-policy", "lfu") as base:
+        with urllib.request.urlopen(base + "/props", timeout=10) as resp:
+            props = json.loads(resp.read())["longhaul"]
+        assert {s["layer"]: s["slots"] for s in props["slots_per_layer"]} == want
+        assert _complete(base, PROMPT)
+    b = tool("llama-bench", "-m", str(model), "-lm", "longhaul", "--longhaul-cache", f"{budget}B", "--longhaul-split",
+             str(split), "--longhaul-policy", "lfu", "-p", "16", "-n", "4", "-r", "1", "-t", "2", "-o", "json")
+    assert b.returncode == 0, b.stderr.decode(errors="replace")[-2000:]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"longhaul_layer_slots": {"0": 3}}')
+    for args, msg in ((("--longhaul-split", str(bad)), "is not a split"),
+                      (("--longhaul-split", str(tmp_path / "none.json")), "cannot open"),
+                      (("--longhaul-policy", "mru"), "unknown value for --longhaul-policy"),
+                      (("--longhaul-cache", "auto", "--longhaul-split", str(split)), "nothing to choose")):
+        r = completion(model, "--longhaul", "--longhaul-cache", "0.5", *args)
+        assert r.returncode != 0 and msg in (r.stderr + r.stdout).decode(errors="replace"), args
+    r = completion(model, "--longhaul-split", str(split))
+    assert r.returncode != 0 and b"only used with --longhaul" in r.stderr + r.stdout
+    r = tool("llama-bench", "-m", str(model), "-lm", "longhaul", "--longhaul-cache", "0.5", "--longhaul-split", str(bad))
+    assert r.returncode != 0 and b"is not a split" in r.stderr + r.stdout
+    # a split for another model: the library refuses the count
+    Split(budget=budget, slots=want, even={}, bytes_split=0, bytes_even=0, n_layer=info.n_layer + 2).to_json(bad)
+    r = completion(model, "--longhaul", "--longhaul-cache", f"{budget}B", "--longhaul-split", str(bad))
+    assert r.returncode != 0 and b"the model has" in r.stderr + r.stdout
+
+
 @pytest.mark.parametrize("value", ["0.5", "512MiB", "500M", "0.75GiB", "1e9B", "600 mb", "0.0005TiB"])
 def test_budget_units_parse_as_in_python(model, value) -> None:
     """--longhaul-cache takes GiB or a size with a unit; the library gets the bytes Python's
@@ -197,13 +248,15 @@ def test_server_refusals(model, args, message) -> None:
 def test_help_and_readme_document_the_options() -> None:
     helptext = tool("llama-completion", "--help").stdout.decode()
     readme = (ROOT / "README.md").read_text()
-    switches = ("--longhaul-direct-io", "--longhaul-pipeline", "--longhaul-prefetch", "--longhaul-io-threads")
+    switches = ("--longhaul-direct-io", "--longhaul-pipeline", "--longhaul-prefetch", "--longhaul-io-threads",
+                "--longhaul-policy", "--longhaul-split")
     for opt in ("--longhaul", "--longhaul-cache SIZE", *switches):
         assert opt in helptext
     for opt in ("--longhaul", "--longhaul-cache", "--load-mode longhaul", *switches):
         assert opt in readme
     bench_help = tool("llama-bench", "--help").stdout.decode()
     assert "longhaul" in bench_help and "--longhaul-cache" in bench_help and "--longhaul-io-threads" in bench_help
+    assert "--longhaul-policy" in bench_help and "--longhaul-split" in bench_help
 
 
 # ---- llama-bench ------------------------------------------------------------------------------

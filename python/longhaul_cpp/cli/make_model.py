@@ -6,6 +6,7 @@ import sys
 import time
 
 from ..longhaul import MIB
+from ..routers import ROUTERS
 from ..synthetic_gguf import make_model
 from .common import Progress, add_spec_args, spec_from
 
@@ -15,11 +16,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("output", help="output path (.gguf); with --shards N the files are NAME-0000i-of-0000N.gguf")
     add_spec_args(p)
     p.add_argument("--shards", type=int, default=1, help="split into this many GGUF files")
+    p.add_argument("--router", choices=tuple(ROUTERS), help="a named router (sets --router-skew and "
+                   "--router-skew-spread): uniform, zipf, or calibrated (hits like published models when fed its "
+                   "token stream, longhaul_cpp.routers; docs/routing-policies.md)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = spec_from(args)
+    if args.router:
+        spec = ROUTERS[args.router].spec(spec)
     t0 = time.perf_counter()
     paths = make_model(spec, args.output, n_shards=args.shards, progress=Progress(f"writing {args.output}"))
     size = sum(p.stat().st_size for p in paths)
