@@ -105,3 +105,26 @@ def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path, polic
     assert bool(again.flags & LonghaulFlag.LFU) == (policy == "lfu")
     curves = layer_curves(run, info, list(range(info.n_expert_used, info.n_expert + 1)), 64, cache=cache)
     assert again.misses == {il: int(curves[il][slots[il]]) for il in sp.slots}
+
+
+@pytest.mark.parametrize("slots,pipelined", [(5, False), (6, True)])
+def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, slots, pipelined) -> None:
+    """LFU's counts and aging follow the library's plans exactly where a prompt runs in compact expert waves (whose
+    graph has spare syncs that plan nothing) and in pipelined ones (each sync plans two waves): the planner's
+    replay of the run gives the library's misses in every layer."""
+    from longhaul_cpp import LonghaulFlag, SyntheticSpec
+    from longhaul_cpp.modelinfo import inspect_model
+    from longhaul_cpp.plan import random_prompt, record_run, replay
+    from longhaul_cpp.plan.replay import compact_waves_for
+
+    spec = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0", router_skew=0.8)
+    path = make_model(**{f: getattr(spec, f) for f in ("arch", "n_expert", "n_expert_used", "expert_type",
+                                                        "router_skew")})[0]
+    info = inspect_model(path)
+    wave_slots = slots // 2 if pipelined else slots
+    assert compact_waves_for(4, 48, wave_slots, 16) > -(-16 // wave_slots)  # spare syncs in the graph
+    flags = LonghaulFlag.LFU | (LonghaulFlag.PIPELINE if pipelined else LonghaulFlag.NO_PIPELINE)
+    run = record_run(path, random_prompt(path, 48), 24, budget=info.budget_for(slots), n_threads=2, n_ubatch=64,
+                     random_gen=True, timed=1, flags=flags)
+    r = replay(run, info, run.budget)
+    assert {il: int(m.sum()) for il, m in r.lru.items()} == run.misses

@@ -85,6 +85,8 @@ class Lfu(_Cache):
         return sorted(cand, key=lambda s: (self.count[self.slot_expert[s]], rank[s]))[:n]
 
     def _touch(self, hit_slots: set[int], filled: list[int]) -> None:
+        if not hit_slots and not filled:
+            return  # a plan of no expert is no use (the library's spare syncs)
         for s in hit_slots.union(filled):
             self.count[self.slot_expert[s]] += 1
         self.n_plans += 1
