@@ -162,3 +162,14 @@ def test_download_works_inside_an_isolated_build_environment(tmp_path: Path) -> 
     assert r.returncode == 0, r.stderr[-3000:]
     assert Path(r.stdout.strip()) == cache / "sdist" / pin["archive"]
     assert (cache / "sdist" / pin["archive"]).stat().st_size == source.stat().st_size
+
+
+@pytest.mark.slow
+def test_sdist_installs_offline() -> None:
+    """ci/sdist-offline.sh: the sdist from `python -m build --sdist` installs into a fresh venv with pip's index off,
+    an empty package cache and LONGHAUL_UPSTREAM_SOURCE at the pinned archive (the build takes upstream from it,
+    downloads nothing), and the installed package answers alike in a normal load and in longhaul mode."""
+    r = run(["bash", str(ROOT / "ci" / "sdist-offline.sh")], text=True, timeout=1800,
+            env={**os.environ, "PYTHON": sys.executable})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "installed offline in" in r.stdout and "answers alike in a normal load and in longhaul mode" in r.stdout
