@@ -91,7 +91,7 @@ def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path, polic
     prompt = random_prompt(path, 48)
     run = record_run(path, prompt, 24, budget=budget, n_threads=2, n_ubatch=64, random_gen=True, timed=1)
     cache = POLICIES[policy]
-    sp = plan_split(run, info, budget, step=1, cache=cache, cache_name=policy)
+    sp = plan_split(run, info, budget, step=1, replacement=policy)
     assert sum(sp.slots[il] * info.expert_bytes[il] for il in sp.slots) <= budget
     assert all(info.n_expert_used <= s <= info.n_expert for s in sp.slots.values())
     assert sp.bytes_split <= sp.bytes_even
@@ -114,7 +114,7 @@ def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, sl
     replay of the run gives the library's misses in every layer."""
     from longhaul_cpp import LonghaulFlag, SyntheticSpec
     from longhaul_cpp.modelinfo import inspect_model
-    from longhaul_cpp.plan import random_prompt, record_run, replay
+    from longhaul_cpp.plan import random_prompt, record_run, replay_check
     from longhaul_cpp.plan.replay import compact_waves_for
 
     spec = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0", router_skew=0.8)
@@ -126,5 +126,4 @@ def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, sl
     flags = LonghaulFlag.LFU | (LonghaulFlag.PIPELINE if pipelined else LonghaulFlag.NO_PIPELINE)
     run = record_run(path, random_prompt(path, 48), 24, budget=info.budget_for(slots), n_threads=2, n_ubatch=64,
                      random_gen=True, timed=1, flags=flags)
-    r = replay(run, info, run.budget)
-    assert {il: int(m.sum()) for il, m in r.lru.items()} == run.misses
+    assert {il: got for il, (got, _) in replay_check(run, info).items()} == run.misses

@@ -21,8 +21,7 @@ from ..modelinfo import ModelInfo
 from ..params import LonghaulFlag
 from ..plan.record import RecordedRun, record_run
 from ..plan.recommend import Config, Recommendation, recommend
-from ..plan.predict import replay
-from ..plan.policies import cache_for_flags
+from ..plan.predict import replay_check
 from ..routers import router_of
 from .config import BenchConfig
 
@@ -42,12 +41,6 @@ def _row(routing: str, fraction: float, budget: int, c: Config, run: RecordedRun
                    gen_tps=run.gen.n_tokens / run.gen.seconds if run.gen.seconds > 0 else None,
                    prompt_tps=run.prompt.n_tokens / run.prompt.seconds if run.prompt.seconds > 0 else None)
     return row
-
-
-def _replay_matches(run: RecordedRun, info: ModelInfo, c: Config) -> bool:
-    """The library's misses in the timed repetition are the replay's (steady state) in every layer."""
-    r = replay(run, info, run.budget, cache=cache_for_flags(run.flags), slots=c.slots)
-    return {il: int(m.sum()) for il, m in r.lru.items()} == {il: run.misses.get(il, -1) for il in r.lru}
 
 
 def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct: LonghaulFlag,
@@ -80,7 +73,7 @@ def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, dir
                     got = base if (c.policy, c.split) == ("lru", "even") else run(c, base)
                 row = _row(routing, f, budget, c, got, rec)
                 if got is not None:
-                    row["replay_equal"] = _replay_matches(got, info, c)
+                    row["replay_equal"] = all(a == b for a, b in replay_check(got, info, c.slots).values())
                 rows.append(row)
                 meas = (f", measured {row['measured_gen_bytes_per_token'] / MIB:.2f} MiB/token"
                         f" (replay {'equal' if row['replay_equal'] else 'DIFFERS'}), {row['gen_tps']:.2f} t/s"

@@ -13,12 +13,13 @@ import numpy as np
 
 from ..disk import DiskError, drop_page_cache, read_bandwidth
 from ..modelinfo import ModelInfo, inspect_model
-from .predict import BudgetRow, PhaseModel, knee, predict, replay
+from .predict import BudgetRow, PhaseModel, knee, predict, replay, replay_check
 from .record import PhaseRun, RecordedRun, random_prompt, record_run
 from .replay import CachePolicy, Lru, policy_from_flags, replay_lru, replay_optimal
 
 __all__ = ["BudgetRow", "CachePolicy", "Lru", "PhaseModel", "PhaseRun", "Plan", "RecordedRun", "knee", "make_plan",
-           "measure_bandwidth", "policy_from_flags", "predict", "random_prompt", "record_run", "replay", "replay_lru",
+           "measure_bandwidth", "policy_from_flags", "predict", "random_prompt", "record_run", "replay", "replay_check",
+           "replay_lru",
            "replay_optimal"]
 
 
@@ -73,8 +74,7 @@ def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, 
         raise ValueError(f"bandwidth '{bandwidth}' must be bytes per second or 'run'")
     else:
         source = "given (--bandwidth)"
-    at_run = replay(run, info, run.budget)
-    check = {il: (int(at_run.lru[il].sum()), run.misses.get(il, -1)) for il in at_run.lru}
+    check = replay_check(run, info)
     rows = predict(run, info, bandwidth, budgets)
     return Plan(info=info, run=run, bandwidth=bandwidth, bandwidth_source=source, rows=rows, knee=knee(rows),
                 check=check)

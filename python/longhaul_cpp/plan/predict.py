@@ -108,6 +108,14 @@ def replay(run: RecordedRun, info: ModelInfo, budget: int, policy: CachePolicy |
     return out
 
 
+def replay_check(run: RecordedRun, info: ModelInfo, slots: Mapping[int, int] | None = None
+                 ) -> dict[int, tuple[int, int]]:
+    """Per routed layer, (replayed misses, the library's) at the run's budget, replacement and split: equal in every
+    layer when the replay is the library's."""
+    r = replay(run, info, run.budget, slots=slots)
+    return {il: (int(m.sum()), run.misses.get(il, -1)) for il, m in r.lru.items()}
+
+
 def predict(run: RecordedRun, info: ModelInfo, bandwidth: float, budgets: Sequence[int] | None = None,
             policy: CachePolicy | None = None) -> list[BudgetRow]:
     """One row per budget (default: every slot count from one per layer to every expert)."""

@@ -88,7 +88,7 @@ def recommend(run: RecordedRun, info: ModelInfo, budget: int, bandwidth: float, 
     configs = []
     for policy in LIBRARY_POLICIES:
         configs.append(config(policy, "even", even))
-        sp = plan_split(run, info, budget, step=step, cache=POLICIES[policy], cache_name=policy)
+        sp = plan_split(run, info, budget, step=step, replacement=policy)
         configs.append(config(policy, "planned", sp.slots, sp))
     # Belady at each split above: the fewest (a bound for every configuration)
     splits = {tuple(sorted(c.slots.items())): c.split for c in configs}

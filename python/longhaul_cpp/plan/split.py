@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..modelinfo import ModelInfo
-from .policies import LruCache, split_budget
+from .policies import POLICIES, LruCache, split_budget
 from .record import RecordedRun
 from .replay import CachePolicy, policy_from_flags, replay_lru
 
@@ -69,21 +69,21 @@ def layer_curves(run: RecordedRun, info: ModelInfo, counts: list[int], n_ubatch:
 
 
 def plan_split(run: RecordedRun, info: ModelInfo, budget: int, *, step: int = 0,
-               policy: CachePolicy | None = None, cache: Callable[[int, int], Any] = LruCache,
-               cache_name: str = "lru") -> Split:
+               policy: CachePolicy | None = None, replacement: str = "lru") -> Split:
     """The split of `budget` that reads the fewest expert bytes for the run's routing. Every layer keeps a
     token's experts (n_expert_used slots) when the budget allows it, so the ubatch is the run's; `step`: replay
-    every step-th slot count (0: about 32 points per layer)."""
+    every step-th slot count (0: about 32 points per layer); replacement: the policy the split is for
+    (policies.POLICIES: "lru", the library's default, or "lfu")."""
     k = max(1, info.n_expert_used)
     floor = k if budget >= info.budget_for(k) else 1
     step = step or max(1, (info.n_expert - floor) // 32)
     counts = sorted({*range(floor, info.n_expert + 1, step), info.n_expert})
     even = info.slots(budget)
     n_ubatch = info.effective_ubatch(budget, run.n_ubatch) if floor >= k else 1
-    curves = layer_curves(run, info, counts, n_ubatch, policy, cache)
+    curves = layer_curves(run, info, counts, n_ubatch, policy, POLICIES[replacement])
     for c in curves.values():
         c[:floor] = c[floor]  # below the floor: not replayed (never chosen)
     slots = split_budget(curves, info.expert_bytes, budget, {il: floor for il in curves})
     read = lambda alloc: sum(int(curves[il][alloc[il]]) * info.expert_bytes[il] for il in curves)  # noqa: E731
     return Split(budget=budget, slots=slots, even=even, bytes_split=read(slots), bytes_even=read(even),
-                 n_layer=info.n_layer, policy=cache_name)
+                 n_layer=info.n_layer, policy=replacement)
