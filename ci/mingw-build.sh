@@ -6,9 +6,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build/mingw}
 PY=${PYTHON:-python3}
-CXX=${MINGW_CXX:-x86_64-w64-mingw32-g++-posix}
-CC=${MINGW_CC:-x86_64-w64-mingw32-gcc-posix}
-command -v "$CXX" >/dev/null || { echo "ci/mingw-build.sh: $CXX not found (apt-get install g++-mingw-w64-x86-64-posix)" >&2; exit 2; }
+command -v x86_64-w64-mingw32-g++-posix >/dev/null \
+    || { echo "ci/mingw-build.sh: x86_64-w64-mingw32-g++-posix not found (apt-get install g++-mingw-w64-x86-64-posix)" >&2; exit 2; }
 
 "$PY" "$ROOT/vendor/longhaul_vendor.py" materialize >/dev/null
 launcher=()
@@ -21,10 +20,7 @@ if command -v ninja >/dev/null || "$PY" -c "import ninja" 2>/dev/null; then
     command -v ninja >/dev/null || gen+=(-DCMAKE_MAKE_PROGRAM="$("$PY" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))')")
 fi
 cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
-    -DCMAKE_SYSTEM_NAME=Windows -DCMAKE_SYSTEM_PROCESSOR=x86_64 \
-    -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
-    -DCMAKE_RC_COMPILER=x86_64-w64-mingw32-windres \
-    -DCMAKE_C_FLAGS="-include $ROOT/ci/mingw-compat.h" \
+    -DCMAKE_TOOLCHAIN_FILE="$ROOT/ci/mingw-toolchain.cmake" \
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
     -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=ON \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF >/dev/null

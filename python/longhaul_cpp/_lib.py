@@ -47,9 +47,9 @@ def lib_dir() -> Path:
     return package_dir() / ("bin" if sys.platform == "win32" else "lib")
 
 
-def _lib_name() -> str:
-    if sys.platform == "win32":
-        return "llama.dll"
+def _lib_name(d: Path | None = None) -> str:
+    if sys.platform == "win32":  # MSVC names it llama.dll, MinGW libllama.dll
+        return "libllama.dll" if d is not None and (d / "libllama.dll").is_file() else "llama.dll"
     if sys.platform == "darwin":
         return "libllama.dylib"
     return "libllama.so"
@@ -115,7 +115,7 @@ def lib():
         if _lib is not None:
             return _lib
         d = lib_dir()
-        path = d / _lib_name()
+        path = d / _lib_name(d)
         if sys.platform == "win32" and d.is_dir():
             os.add_dll_directory(str(d))
         try:
@@ -127,9 +127,12 @@ def lib():
             ) from e
         _log_cb = ffi.callback("void(enum ggml_log_level, const char *, void *)", _on_log)
         handle.llama_log_set(_log_cb, ffi.NULL)
-        # wheel builds load CPU backend variants dynamically (GGML_BACKEND_DL): search the package
-        if any(d.glob("*ggml-cpu-*")):
-            handle.ggml_backend_load_all_from_path(str(d).encode())
+        # wheel builds load CPU backend variants dynamically (GGML_BACKEND_DL): the modules sit beside the tools
+        # (bin/, where the tools' loader looks), or beside libllama in a build tree
+        for modules in (d, package_dir() / "bin"):
+            if any(modules.glob("*ggml-cpu-*")):
+                handle.ggml_backend_load_all_from_path(str(modules).encode())
+                break
         handle.llama_backend_init()
         _lib = handle
         return _lib

@@ -1,0 +1,124 @@
+"""Checks a built wheel's tag and contents (issue 37): ci/wheel-linux.sh and ci/wheel-windows.sh.
+
+    python ci/wheel_check.py linux WHEEL     # tag, the tools, libllama, the CPU variants beside the tools
+    python ci/wheel_check.py windows WHEEL   # the same for win_amd64, and every DLL each program and library
+                                             # imports is in the wheel or a Windows system DLL (objdump -p)
+
+Prints what it found; exits 1 naming what is wrong.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+TOOLS = ("llama-cli", "llama-server", "llama-bench", "llama-completion", "llama-gguf-split", "llama-quantize")
+
+# DLLs every Windows 10/11 x64 installation has (the UCRT's api-ms-win-crt-* forwarders included); anything
+# else a program imports must travel in the wheel
+WINDOWS_SYSTEM_DLLS = {
+    "advapi32.dll", "bcrypt.dll", "comctl32.dll", "crypt32.dll", "dbghelp.dll", "gdi32.dll", "iphlpapi.dll",
+    "kernel32.dll", "mswsock.dll", "msvcrt.dll", "ntdll.dll", "ole32.dll", "oleaut32.dll", "psapi.dll",
+    "secur32.dll", "shell32.dll", "shlwapi.dll", "ucrtbase.dll", "user32.dll", "version.dll", "winmm.dll",
+    "ws2_32.dll",
+}
+
+
+def fail(msg: str) -> None:
+    print(f"wheel_check: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def wheel_tags(whl: zipfile.ZipFile) -> list[str]:
+    wheel_meta = [n for n in whl.namelist() if re.fullmatch(r"[^/]+\.dist-info/WHEEL", n)]
+    if len(wheel_meta) != 1:
+        fail("no single *.dist-info/WHEEL in the wheel")
+    text = whl.read(wheel_meta[0]).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:")]
+
+
+def check_tag(path: Path, whl: zipfile.ZipFile, platform: str) -> None:
+    tags = wheel_tags(whl)
+    name_tag = "-".join(path.stem.split("-")[-3:])
+    print(f"tag: {name_tag} (WHEEL: {', '.join(tags)})")
+    if not tags or any(not re.fullmatch(platform, t.split("-")[2]) for t in tags):
+        fail(f"the WHEEL tags {tags} are not all for the platform {platform}")
+    for tag in name_tag.split("-")[2].split("."):
+        if not re.fullmatch(platform, tag):
+            fail(f"the file name's platform tag {tag} is not {platform}")
+
+
+def members(whl: zipfile.ZipFile, folder: str) -> list[str]:
+    return sorted(PurePosixPath(n).name for n in whl.namelist() if str(PurePosixPath(n).parent) == folder)
+
+
+def check_linux(path: Path) -> None:
+    with zipfile.ZipFile(path) as whl:
+        check_tag(path, whl, r"manylinux_\d+_\d+_x86_64|manylinux\d+_x86_64")
+        bins, libs = members(whl, "longhaul_cpp/bin"), members(whl, "longhaul_cpp/lib")
+    missing = [t for t in TOOLS if t not in bins] + [lib for lib in ("libllama.so", "libggml.so", "libggml-base.so")
+                                                    if lib not in libs]
+    if missing:
+        fail(f"missing from the wheel: {missing}")
+    variants = sorted(b for b in bins if re.fullmatch(r"libggml-cpu-.+\.so", b))
+    if not any("x64" in v for v in variants) or not any("sse42" in v for v in variants):
+        fail(f"the CPU variants beside the tools lack the baseline ones: {variants}")
+    print(f"tools: {', '.join(t for t in TOOLS)}; libraries: {', '.join(libs)}")
+    print(f"CPU variants ({len(variants)}): {', '.join(v[len('libggml-cpu-'):-3] for v in variants)}")
+
+
+def pe_imports(objdump: str, f: Path) -> list[str]:
+    out = subprocess.run([objdump, "-p", str(f)], capture_output=True, text=True, check=True).stdout
+    return re.findall(r"DLL Name: (\S+)", out)
+
+
+def check_windows(path: Path, objdump: str) -> None:
+    with zipfile.ZipFile(path) as whl, tempfile.TemporaryDirectory() as tmp:
+        check_tag(path, whl, r"win_amd64")
+        bins = members(whl, "longhaul_cpp/bin")
+        missing = [f"{t}.exe" for t in TOOLS if f"{t}.exe" not in bins]
+        missing += [d for d in ("ggml.dll", "ggml-base.dll") if d not in bins]
+        if "llama.dll" not in bins and "libllama.dll" not in bins:  # MSVC's name, MinGW's
+            missing.append("llama.dll")
+        if "longhaul_cpp/__init__.py" not in whl.namelist():
+            missing.append("longhaul_cpp/__init__.py")
+        if missing:
+            fail(f"missing from the wheel: {missing}")
+        variants = sorted(b for b in bins if re.fullmatch(r"ggml-cpu-.+\.dll", b))
+        if not any("x64" in v for v in variants) or not any("sse42" in v for v in variants):
+            fail(f"the CPU variants beside the tools lack the baseline ones: {variants}")
+        whl.extractall(tmp)
+        programs = sorted(p for p in (Path(tmp) / "longhaul_cpp" / "bin").iterdir() if p.suffix in (".exe", ".dll"))
+        shipped = {p.name.lower() for p in programs if p.suffix == ".dll"}
+        unresolved: dict[str, list[str]] = {}
+        imported: set[str] = set()
+        for p in programs:
+            for dll in pe_imports(objdump, p):
+                low = dll.lower()
+                imported.add(low)
+                if low not in shipped and low not in WINDOWS_SYSTEM_DLLS and not low.startswith("api-ms-win-"):
+                    unresolved.setdefault(dll, []).append(p.name)
+        if unresolved:
+            fail(f"DLLs neither in the wheel nor part of Windows: {unresolved}")
+    print(f"programs: {', '.join(p.name for p in programs if p.suffix == '.exe')}")
+    print(f"CPU variants ({len(variants)}): {', '.join(v[len('ggml-cpu-'):-4] for v in variants)}")
+    print(f"DLLs shipped: {', '.join(sorted(shipped - {v.lower() for v in variants}))}")
+    print(f"Windows DLLs imported: {', '.join(sorted(imported - shipped))}")
+
+
+def main() -> None:
+    if len(sys.argv) != 3 or sys.argv[1] not in ("linux", "windows"):
+        fail("usage: wheel_check.py linux|windows WHEEL")
+    path = Path(sys.argv[2])
+    if sys.argv[1] == "linux":
+        check_linux(path)
+    else:
+        check_windows(path, "x86_64-w64-mingw32-objdump")
+    print(f"wheel_check: {path.name}: ok")
+
+
+if __name__ == "__main__":
+    main()
