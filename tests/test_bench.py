@@ -134,6 +134,26 @@ def test_bench_policies_scenario(make_model, tmp_path) -> None:
 
 
 @pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+def test_bench_policies_scenario_under_the_cap(make_model, tmp_path) -> None:
+    """With a cgroup, each configuration of the policies scenario runs in a child under the cap, the repetitions
+    in alternating order: every repetition reads the replay's bytes, the rows keep each repetition's t/s."""
+    model = _tiny(make_model)
+    out = tmp_path / "out"
+    r = run(BENCH + ["--model", str(model), "--scenarios", "policies", "--routing", "calibrated", "--budgets", "1/4",
+                     "-p", "32", "-n", "16", "-r", "2", "--no-cold", "--sweep-direct-io", "auto", "--cap-gib", "2",
+                     "-o", str(out)], text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "runs under the 2.00 GiB cap" in r.stderr + r.stdout
+    rows = [x for x in json.loads((out / "results.json").read_text())["policies"] if x["policy"] != "belady"]
+    assert len(rows) == 4
+    for x in rows:
+        assert x["capped_gib"] == 2.0 and len(x["gen_tps_runs"]) == 2 and all(t > 0 for t in x["gen_tps_runs"])
+        assert x["bytes_equal_across_runs"] and x["replay_equal"]
+        assert x["measured_gen_bytes_per_token"] == x["replayed_gen_bytes_per_token"]
+    assert "under the bench's memory cap (2.00 GiB)" in (out / "results.md").read_text()
+
+
+@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
 def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     model = _tiny(make_model)
     out = tmp_path / "out"

@@ -7,10 +7,16 @@ configuration reads are fixed by the trace and do not depend on the machine. One
 split) records the routing; the planner (plan.recommend) replays it through every configuration and plans the
 splits; then each configuration runs in the library (its own load, warmed up, timed as the planner times a run)
 and its measured misses are checked against the replay. Reads follow --sweep-direct-io (default: O_DIRECT, from
-the storage); the runs are in this process, without the cap scenario's cgroup.
+the storage). Where the bench can make a memory cgroup (root), each configuration runs in a child process under the
+cap scenario's limit (--cap, default half the model file; bench/capped.py), --repetitions times in alternating
+order (the default first, then the others; reversed on the next round), each child warmed up and timed once: the
+rows give every repetition's t/s. Without a cgroup they run in this process, uncapped, logged as such.
 """
 from __future__ import annotations
 
+import statistics
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,10 +29,12 @@ from ..plan.record import RecordedRun, record_run
 from ..plan.recommend import Config, Recommendation, recommend
 from ..plan.predict import replay_check
 from ..routers import router_of
-from .config import BenchConfig
+from .capped import parse_result, write_args
+from .config import BenchConfig, BenchError
+from .process import MemoryCap, run_process
 
 
-def _row(routing: str, fraction: float, budget: int, c: Config, run: RecordedRun | None, rec: Recommendation
+def _row(routing: str, fraction: float, budget: int, c: Config, runs: list[RecordedRun], rec: Recommendation
          ) -> dict[str, Any]:
     n_g, n_p = max(1, rec.n_gen), max(1, rec.n_prompt)
     row: dict[str, Any] = {
@@ -35,17 +43,36 @@ def _row(routing: str, fraction: float, budget: int, c: Config, run: RecordedRun
         "replayed_gen_bytes_per_token": c.bytes_gen / n_g, "replayed_prompt_bytes_per_token": c.bytes_prompt / n_p,
         "predicted_gen_tps": c.gen_tps, "recommended": c is rec.best,
     }
-    if run is not None:
+    if runs:
+        run = runs[0]
+        tps = lambda p: p.n_tokens / p.seconds if p.seconds > 0 else None  # noqa: E731
+        gen = [t for t in (tps(r.gen) for r in runs) if t is not None]
         row.update(measured_gen_bytes_per_token=run.gen.bytes_read / n_g,
                    measured_prompt_bytes_per_token=run.prompt.bytes_read / n_p,
-                   gen_tps=run.gen.n_tokens / run.gen.seconds if run.gen.seconds > 0 else None,
-                   prompt_tps=run.prompt.n_tokens / run.prompt.seconds if run.prompt.seconds > 0 else None)
+                   bytes_equal_across_runs=len({(r.gen.bytes_read, r.prompt.bytes_read) for r in runs}) == 1,
+                   gen_tps_runs=gen, gen_tps=statistics.median(gen) if gen else None,
+                   prompt_tps=statistics.median([t for t in (tps(r.prompt) for r in runs) if t is not None] or [0])
+                   or None)
     return row
+
+
+def _cap_limit(cfg: BenchConfig, info: ModelInfo, log: Callable[[str], None]) -> int | None:
+    """The cap scenario's limit where a memory cgroup can be made here, else None (the runs go uncapped)."""
+    limit = int(cfg.cap_gib * GIB) if cfg.cap_gib else int(cfg.cap_fraction * info.file_bytes)
+    try:
+        with MemoryCap(limit):
+            pass
+    except (BenchError, OSError) as e:
+        log(f"policies: no memory cgroup ({e}): the configurations run in this process, uncapped")
+        return None
+    return limit
 
 
 def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct: LonghaulFlag,
                  log: Callable[[str], None]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    limit = _cap_limit(cfg, info, log)
+    resident = info.file_bytes - info.routed_bytes
     for routing, model in models.items():
         stream = router_of(routing).stream(cfg.n_prompt + cfg.n_gen, seed=1)
         prompt, feed = stream[:cfg.n_prompt], stream[cfg.n_prompt:]
@@ -54,30 +81,57 @@ def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, dir
             if not 1 <= slots < info.n_expert:
                 continue  # below one slot, or every expert: no replacement to compare
             budget = info.budget_for(slots)
-            log(f"policies, {routing} routing, {f:.4g} of the experts ({budget / GIB:.2f} GiB)")
+            # room for the resident weights, the context and the interpreter beside the cache, as the cap scenario
+            capped = limit is not None and budget + resident + 512 * MIB <= limit
+            where = (f"under the {limit / GIB:.2f} GiB cap" if capped else "uncapped" +
+                     (f" (the budget does not fit the {limit / GIB:.2f} GiB cap)" if limit is not None else ""))
+            log(f"policies, {routing} routing, {f:.4g} of the experts ({budget / GIB:.2f} GiB), runs {where}")
 
-            def run(c: Config | None, routing_of: RecordedRun | None = None) -> RecordedRun:
-                if cfg.cold:
-                    drop_page_cache()
+            def kwargs(c: Config | None, timed: int) -> dict[str, Any]:
                 flags = direct | (LonghaulFlag.LFU if c is not None and c.policy == "lfu" else 0)
                 split = c.slots if c is not None and c.split == "planned" else None
-                return record_run(model, prompt, cfg.n_gen, budget=budget, n_threads=cfg.threads, n_ubatch=512,
-                                  flags=flags, feed=feed, layer_slots=split, timed=cfg.reps,
-                                  routing=routing_of.routing if routing_of else None)
+                return dict(path=model, prompt=prompt, n_gen=cfg.n_gen, budget=budget, n_threads=cfg.threads,
+                            n_ubatch=512, flags=flags, feed=feed, layer_slots=split, timed=timed)
 
-            base = run(None)
+            # the routing of the trace: recorded once, in this process (a normal load, never under the cap)
+            if cfg.cold:
+                drop_page_cache()
+            base = record_run(**kwargs(None, 1 if capped else cfg.reps))
             rec = recommend(base, info, budget, max(base.read_rate, 1.0))
+            library = sorted((c for c in rec.configs if c.policy != "belady"),
+                             key=lambda c: (c.policy, c.split) != ("lru", "even"))  # the default first
+            runs: dict[int, list[RecordedRun]] = {id(c): [] for c in library}
+            if capped:
+                assert limit is not None
+                with tempfile.TemporaryDirectory() as tmp, MemoryCap(limit) as cap:
+                    for rep in range(max(1, cfg.reps)):
+                        for c in (library if rep % 2 == 0 else library[::-1]):
+                            if cfg.cold:
+                                drop_page_cache()
+                            args = write_args(Path(tmp) / "args.pickle", **kwargs(c, 1), routing=base.routing)
+                            res = run_process([sys.executable, "-m", "longhaul_cpp.bench.capped", str(args)], cap=cap,
+                                              timeout=cfg.capped_timeout)
+                            if res.status != "ok":
+                                raise BenchError(f"policies: {c.policy} {c.split} under the {limit / GIB:.2f} GiB cap "
+                                                 f"ended {res.status}: {res.stderr_tail[-800:]}")
+                            runs[id(c)].append(parse_result(res.stdout, base))
+            else:
+                for c in library:
+                    if cfg.cold:
+                        drop_page_cache()
+                    runs[id(c)].append(base if (c.policy, c.split) == ("lru", "even") else
+                                       record_run(**kwargs(c, cfg.reps), routing=base.routing))
             for c in rec.configs:
-                got = None
-                if c.policy != "belady":
-                    got = base if (c.policy, c.split) == ("lru", "even") else run(c, base)
+                got = runs.get(id(c), [])
                 row = _row(routing, f, budget, c, got, rec)
-                if got is not None:
-                    row["replay_equal"] = all(a == b for a, b in replay_check(got, info, c.slots).values())
+                if got:
+                    row["capped_gib"] = limit / GIB if capped and limit is not None else None
+                    row["replay_equal"] = all(all(a == b for a, b in replay_check(r, info, c.slots).values())
+                                              for r in got)
                 rows.append(row)
                 meas = (f", measured {row['measured_gen_bytes_per_token'] / MIB:.2f} MiB/token"
-                        f" (replay {'equal' if row['replay_equal'] else 'DIFFERS'}), {row['gen_tps']:.2f} t/s"
-                        if got is not None else "")
+                        f" (replay {'equal' if row['replay_equal'] else 'DIFFERS'}), gen t/s "
+                        f"{', '.join(f'{t:.2f}' for t in row['gen_tps_runs'])}" if got else "")
                 log(f"  {c.policy:6} {c.split:7}: {row['replayed_gen_bytes_per_token'] / MIB:.2f} MiB per generated "
                     f"token replayed{meas}")
     return rows
@@ -87,10 +141,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The scenario's table: bytes per token (replayed and measured), their ratio to Belady's, t/s."""
     if not rows:
         return ""
+    caps = sorted({r["capped_gib"] for r in rows if r.get("capped_gib")})
+    where = (f"under the bench's memory cap ({', '.join(f'{c:.2f}' for c in caps)} GiB), the median of the "
+             "repetitions in alternating order with each repetition in brackets" if caps else "uncapped")
     out = ["## Replacement policies and per-layer splits", "",
            "Expert MiB read per generated token (replayed from the run's routing; measured by the library), the "
-           "ratio to Belady's bound, generation t/s measured and predicted, per prompt token; * the planner's "
-           "recommendation.", "",
+           f"ratio to Belady's bound, generation t/s measured ({where}) and predicted, per prompt token; * the "
+           "planner's recommendation.", "",
            "| routing | experts cached | policy | split | slots/layer | MiB/gen token | measured | vs Belady | gen t/s "
            "| predicted | MiB/prompt token |",
            "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -103,6 +160,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         out.append(f"| {r['routing']} | {r['fraction']:.4g} | {r['policy']}{' *' if r['recommended'] else ''} | "
                    f"{r['split']} | {r['slots_min']}-{r['slots_max']} | "
                    f"{r['replayed_gen_bytes_per_token'] / MIB:.2f} | {fmt(meas / MIB if meas is not None else None)} | "
-                   f"{ratio} | {fmt(r.get('gen_tps'))} | {fmt(r['predicted_gen_tps'])} | "
+                   f"{ratio} | {_tps(r)} | {fmt(r['predicted_gen_tps'])} | "
                    f"{r['replayed_prompt_bytes_per_token'] / MIB:.3f} |")
     return "\n".join(out) + "\n"
+
+
+def _tps(row: dict[str, Any]) -> str:
+    runs = row.get("gen_tps_runs") or []
+    if row.get("gen_tps") is None:
+        return "-"
+    return f"{row['gen_tps']:.2f}" + (f" ({', '.join(f'{t:.2f}' for t in runs)})" if len(runs) > 1 else "")
