@@ -12,7 +12,7 @@
 #      kernels run and the texts are compared exactly.
 # Needs g++-mingw-w64-x86-64-posix and wine64 (ci/setup.sh installs both) and the Linux wheel's venv from
 # ci/wheel-linux.sh (LINUX_VENV, default build/wheel-linux/venv). Not part of CI: the cold build compiles 13 CPU
-# variants and the server (about 25 min on 2 cores; with ccache a few minutes).
+# variants and the server (506 s here on 2 cores without ccache; seconds with it).
 # Usage: bash ci/wheel-windows.sh [OUT]   (default build/wheel-windows)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,25 +50,15 @@ bin="$OUT/unpacked/longhaul_cpp/bin"
 
 # 3. run under wine from the unpacked wheel: nothing but the wheel's folder supplies DLLs
 export WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" WINEPATH=""
+. "$ROOT/ci/wheel-common.sh"
 cd "$OUT/run"
-"$LINUX_VENV/bin/python" - <<'EOF'
-from longhaul_cpp import SyntheticSpec, make_model
-spec = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0")
-make_model(spec, "m.gguf")
-open("budget", "w").write(repr(spec.budget_for(spec.n_expert_used) / 2**30))  # k slots: the prompt in waves
-EOF
+make_test_model "$LINUX_VENV/bin/python"
 linux_bin=$("$LINUX_VENV/bin/python" -c "from longhaul_cpp.tools import tool_path; print(tool_path('llama-completion').parent)")
-prompt="Longhaul reads experts from the file when the router picks them."
-args=(-m m.gguf -p "$prompt" -n 32 --temp 0 -no-cnv --no-display-prompt -t 2 -c 256 -v)  # -v: the loaded CPU variant
-lh=(--longhaul --longhaul-cache "$(cat budget)")
-text() { sed -e 's/\x1b\[[0-9;]*m//g' -e 's/\r$//' "$1"; }
-digest() { echo "$(wc -c <"$1") bytes of text, md5 $(md5sum <"$1" | cut -c1-12)"; }
-variant() { grep -o "loaded CPU backend from [^ ]*" "$1" | sed -e 's/\r$//' -e 's/.*ggml-cpu-\(.*\)\.\(dll\|so\)$/\1/'; }
-"$WINE" "$bin/llama-completion.exe" "${args[@]}" "${lh[@]}" >win.txt 2>win.log </dev/null \
+"$WINE" "$bin/llama-completion.exe" "${RUN_ARGS[@]}" "${LONGHAUL_ARGS[@]}" >win.txt 2>win.log </dev/null \
     || { tail -n 30 win.log; echo "ci/wheel-windows.sh: llama-completion.exe in longhaul mode failed under wine" >&2; exit 1; }
 grep -q "longhaul: hit rate" win.log || { echo "ci/wheel-windows.sh: llama-completion.exe did not run in longhaul mode" >&2; exit 1; }
-"$WINE" "$bin/llama-completion.exe" "${args[@]}" >win-normal.txt 2>win-normal.log </dev/null
-"$linux_bin/llama-completion" "${args[@]}" "${lh[@]}" >linux.txt 2>linux.log </dev/null
+"$WINE" "$bin/llama-completion.exe" "${RUN_ARGS[@]}" >win-normal.txt 2>win-normal.log </dev/null
+"$linux_bin/llama-completion" "${RUN_ARGS[@]}" "${LONGHAUL_ARGS[@]}" >linux.txt 2>linux.log </dev/null
 text win.txt >win.clean && text linux.txt >linux.clean
 say "llama-completion.exe (variant $(variant win.log)): $(digest win.clean)"
 say "Linux llama-completion (variant $(variant linux.log)): $(digest linux.clean)"
@@ -86,9 +76,9 @@ fi
 # the server: one request over loopback from each build
 serve() {  # serve NAME PORT PROGRAM...: starts the server, asks once, writes NAME.json, stops it
     local name=$1 port=$2; shift 2
-    "$@" -m m.gguf "${lh[@]}" -t 2 -c 256 -np 1 -v --host 127.0.0.1 --port "$port" >"$name-server.log" 2>&1 </dev/null &
+    "$@" -m m.gguf "${LONGHAUL_ARGS[@]}" -t 2 -c 256 -np 1 -v --host 127.0.0.1 --port "$port" >"$name-server.log" 2>&1 </dev/null &
     local pid=$!
-    "$LINUX_VENV/bin/python" - "$port" "$prompt" "$name.json" <<'EOF' || { kill $pid 2>/dev/null; tail -n 30 "$name-server.log"; return 1; }
+    "$LINUX_VENV/bin/python" - "$port" "$PROMPT" "$name.json" <<'EOF' || { kill $pid 2>/dev/null; tail -n 30 "$name-server.log"; return 1; }
 import json, sys, time, urllib.request
 port, prompt, out = sys.argv[1], sys.argv[2], sys.argv[3]
 url = f"http://127.0.0.1:{port}"
