@@ -149,6 +149,7 @@ def test_bench_policies_scenario_under_the_cap(make_model, tmp_path) -> None:
     for x in rows:
         assert x["capped_gib"] == 2.0 and len(x["gen_tps_runs"]) == 2 and all(t > 0 for t in x["gen_tps_runs"])
         assert x["bytes_equal_across_runs"] and x["replay_equal"]
+        assert 0 <= x["gen_wait_ms_per_token"] <= x["gen_ms_per_token"]
         assert x["measured_gen_bytes_per_token"] == x["replayed_gen_bytes_per_token"]
     assert "under the bench's memory cap (2.00 GiB)" in (out / "results.md").read_text()
 

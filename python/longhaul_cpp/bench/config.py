@@ -45,6 +45,10 @@ class BenchConfig:
     sweep_direct_io: str = "on"      # --longhaul-direct-io of the sweep (and the planner's recorded run): on|off|auto
     out: Path = Path("longhaul-bench")
 
+    def cap_bytes(self, file_bytes: int) -> int:
+        """The memory cap: --cap-gib, else --cap of the model file."""
+        return int(self.cap_gib * 2**30) if self.cap_gib else int(self.cap_fraction * file_bytes)
+
 
 def parse_fractions(text: str) -> tuple[float, ...]:
     """Sweep budgets as fractions of the routed experts: "1/16,0.5,1"."""

@@ -51,6 +51,9 @@ def _row(routing: str, fraction: float, budget: int, c: Config, runs: list[Recor
                    measured_prompt_bytes_per_token=run.prompt.bytes_read / n_p,
                    bytes_equal_across_runs=len({(r.gen.bytes_read, r.prompt.bytes_read) for r in runs}) == 1,
                    gen_tps_runs=gen, gen_tps=statistics.median(gen) if gen else None,
+                   # where a generated token's time goes: waiting at the syncs (reads, planning), and the rest
+                   gen_ms_per_token=statistics.median([1e3 * r.gen.seconds / n_g for r in runs]),
+                   gen_wait_ms_per_token=statistics.median([1e3 * r.gen.wait_s / n_g for r in runs]),
                    prompt_tps=statistics.median([t for t in (tps(r.prompt) for r in runs) if t is not None] or [0])
                    or None)
     return row
@@ -58,7 +61,7 @@ def _row(routing: str, fraction: float, budget: int, c: Config, runs: list[Recor
 
 def _cap_limit(cfg: BenchConfig, info: ModelInfo, log: Callable[[str], None]) -> int | None:
     """The cap scenario's limit where a memory cgroup can be made here, else None (the runs go uncapped)."""
-    limit = int(cfg.cap_gib * GIB) if cfg.cap_gib else int(cfg.cap_fraction * info.file_bytes)
+    limit = cfg.cap_bytes(info.file_bytes)
     try:
         with MemoryCap(limit):
             pass
@@ -131,7 +134,8 @@ def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, dir
                 rows.append(row)
                 meas = (f", measured {row['measured_gen_bytes_per_token'] / MIB:.2f} MiB/token"
                         f" (replay {'equal' if row['replay_equal'] else 'DIFFERS'}), gen t/s "
-                        f"{', '.join(f'{t:.2f}' for t in row['gen_tps_runs'])}" if got else "")
+                        f"{', '.join(f'{t:.2f}' for t in row['gen_tps_runs'])} ({row['gen_wait_ms_per_token']:.1f} of "
+                        f"{row['gen_ms_per_token']:.1f} ms per token waiting at the syncs)" if got else "")
                 log(f"  {c.policy:6} {c.split:7}: {row['replayed_gen_bytes_per_token'] / MIB:.2f} MiB per generated "
                     f"token replayed{meas}")
     return rows

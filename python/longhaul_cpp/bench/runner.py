@@ -192,7 +192,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
         runs += measure("allcached", "longhaul, every expert cached", r0, m0, pp, tg, threads=t, load="longhaul",
                         budget=budget_all, fraction=1.0, reps=cfg.reps, log=log)
     if "cap" in cfg.scenarios:
-        limit = int(cfg.cap_gib * GIB) if cfg.cap_gib else int(cfg.cap_fraction * info.file_bytes)
+        limit = cfg.cap_bytes(info.file_bytes)
         base = non_cache_bytes(runs, resident)
         budget = int((limit - base) * 0.9)
         res["cap"] = {"limit_gib": limit / GIB, "non_cache_gib": base / GIB, "longhaul_budget_gib": budget / GIB}
