@@ -10,10 +10,24 @@ bash ci/setup.sh
 # ccache: paths below the checkout are hashed relative to it, so a fresh clone in
 # another folder (as CI makes) hits the cache of an earlier build
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
-# a build in another folder (ci/test-x86-64-v3.sh): the tests take upstream's binaries from there
-if [ -n "${SKBUILD_BUILD_DIR:-}" ]; then
-    export LONGHAUL_UPSTREAM_BIN="$PWD/$SKBUILD_BUILD_DIR/bin"
-fi
+# One kernel level on every machine of an architecture: on x86-64 the suite's build (and its llama-cpp-python
+# reference below) compiles ggml's CPU backend for x86-64-v3 (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX)
+# whatever this CPU has, so an exact comparison that holds on the developers' AVX-512 machines holds on an
+# AVX2-only one, and one that depends on the kernel path (another ubatch, thread count or layout) fails on both.
+# The wheel users install (`pip install .`) stays native. LONGHAUL_TEST_NATIVE=1: the native build instead.
+level_args=""
+case "$(uname -m)" in x86_64|amd64|AMD64)
+    if [ "${LONGHAUL_TEST_NATIVE:-0}" != 1 ]; then
+        level_args="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+        level_args="$level_args -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF"
+        level_args="$level_args -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    fi;;
+esac
+export CMAKE_ARGS="${CMAKE_ARGS:-} $level_args"
+# its own build folder per kernel level, so switching levels rebuilds neither
+export SKBUILD_BUILD_DIR="${SKBUILD_BUILD_DIR:-build/test-${level_args:+x86-64-v3}${level_args:-native}}"
+# the tests take upstream's binaries from there
+export LONGHAUL_UPSTREAM_BIN="$PWD/$SKBUILD_BUILD_DIR/bin"
 
 start=$(date +%s)
 log=$(mktemp)
@@ -37,14 +51,16 @@ fi
 echo "ci/test.sh: installed into $venv in $(( $(date +%s) - start )) s"
 # llama-cpp-python, for the side-by-side tests of longhaul_cpp.Llama (tests/test_llama_cpp_python.py): built from
 # its sdist once per set of build flags (about 5 minutes on 2 cores, the library only) into a cache folder named
-# by the flags, then installed from there. Its kernels are this package's: native, and on x86 without the AMX
-# path that CMakeLists.txt keeps out (upstream #20824), so exact comparisons hold on every CPU.
+# by the flags, then installed from there. Its kernels are this build's (the kernel level above; natively, without
+# the AMX path that CMakeLists.txt keeps out, upstream #20824), so exact comparisons hold on every CPU.
 lcp_args="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
 lcp_args="$lcp_args -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
-case "$(uname -m)" in x86_64|amd64|AMD64)
+if [ -n "$level_args" ]; then
+    lcp_args="$lcp_args $level_args"
+else case "$(uname -m)" in x86_64|amd64|AMD64)
     noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     lcp_args="$lcp_args '-DCMAKE_C_FLAGS=$noamx' '-DCMAKE_CXX_FLAGS=$noamx' -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF";;
-esac
+esac fi
 lh_cache="${LONGHAUL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/longhaul-cpp}"
 lcp_dir="$lh_cache/llama-cpp-python-0.3.36-$(echo "$lcp_args" | sha256sum | cut -c1-12)"
 # the pinned upstream is this sdist: the one the wheel build verified and cached, or the registry's

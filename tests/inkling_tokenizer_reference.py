@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import regex
 
-from longhaul_cpp.synthetic_vocab import bytes_to_unicode
+from longhaul_cpp.models.vocab import bytes_to_unicode
 
 _SUFFIX = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from longhaul_cpp import LlamaError, LoadMode, Model, lib
-from longhaul_cpp.synthetic import N_VOCAB
+from longhaul_cpp.models.spec import N_VOCAB
 
 
 @pytest.fixture(scope="module")

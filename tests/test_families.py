@@ -1,5 +1,5 @@
 """The MoE families people download, as full synthetic models (32 experts, top-4, each family's own parts: see
-longhaul_cpp.synthetic_families): gpt-oss (MXFP4 experts, per-expert biases, sinks, SWA), deepseek2 (latent
+longhaul_cpp.models.families): gpt-oss (MXFP4 experts, per-expert biases, sinks, SWA), deepseek2 (latent
 attention, a leading dense block, a shared expert, sigmoid gating with a selection bias, grouped top-k, a NextN
 block), glm4moe (q/k/v biases, partial RoPE, a NextN block), llama4 (MoE every other block, a shared expert) and
 Mixtral-style llama.
@@ -22,7 +22,7 @@ from longhaul_cpp import LoadMode, LonghaulFlag, Model, SyntheticSpec
 from longhaul_cpp.fit import fit_longhaul_cache
 from longhaul_cpp.modelinfo import inspect_model
 from longhaul_cpp.plan import record_run, replay
-from longhaul_cpp.synthetic_families import FAMILIES
+from longhaul_cpp.models.families import FAMILIES
 
 from conftest import logits_and_greedy
 
@@ -102,9 +102,13 @@ def test_family_routing_record_replays_to_the_library_misses(family_model, arch)
     assert sorted(rec.routing.layers) == sorted(info.expert_bytes)
     for slots in (1, k, 2 * k, info.n_expert):  # stages, one pass, waves (or a clamped ubatch), every expert
         got = run(slots)
-        for il, toks in rec.routing.layers.items():  # the routing does not depend on the budget
-            assert np.array_equal(got.routing.layers[il], toks), (arch, slots, il)
-        predicted = {il: int(m.sum()) for il, m in replay(rec, info, info.budget_for(slots)).lru.items()}
+        # the routing does not depend on the budget at the same ubatch (the same kernels); at another (one token at a
+        # time, for stages) nearly tied experts may swap on some CPUs: that run's own recording is replayed
+        same = got.n_ubatch_eff == rec.n_ubatch_eff
+        for il, toks in rec.routing.layers.items():
+            assert not same or np.array_equal(got.routing.layers[il], toks), (arch, slots, il)
+        base = rec if same else got
+        predicted = {il: int(m.sum()) for il, m in replay(base, info, info.budget_for(slots)).lru.items()}
         assert predicted == got.misses, (arch, slots)
 
 

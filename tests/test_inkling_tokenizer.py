@@ -14,7 +14,7 @@ import pytest
 from conftest import run
 from inkling_tokenizer_reference import OLD_REGEX, ReferenceBpe
 from longhaul_cpp import LoadMode, Model, SyntheticSpec, make_model
-from longhaul_cpp.synthetic_vocab import (INKLING_ADDED_TOKENS, INKLING_END_MESSAGE_ID, INKLING_EOS_ID,
+from longhaul_cpp.models.vocab import (INKLING_ADDED_TOKENS, INKLING_END_MESSAGE_ID, INKLING_EOS_ID,
                                           INKLING_N_SPECIAL_FALLBACK, INKLING_N_VOCAB, inkling_special_ids,
                                           inkling_vocab)
 from longhaul_cpp.tools import tool_path

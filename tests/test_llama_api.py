@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from longhaul_cpp import Llama, LlamaError, SyntheticSpec, plain_expert_banks
-from longhaul_cpp.textstream import TextStream, incomplete_utf8_tail
+from textstream import TextStream, incomplete_utf8_tail
 from test_tools_longhaul import server
 
 SPEC = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0")

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run, upstream_bin_dir
 from longhaul_cpp import LlamaError, LoadMode, Model
-from longhaul_cpp.synthetic import ARCHS
+from longhaul_cpp.models.spec import ARCHS
 from test_longhaul import N_GEN, PROMPT, budget_for, run_greedy, spec_of
 
 HYBRID = {"qwen35moe", "inkling"}  # recurrent state beside the KV cache

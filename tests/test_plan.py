@@ -75,9 +75,12 @@ def test_replay_gives_the_library_misses_at_every_budget(make_model, flags) -> N
     assert rec.flags & (LonghaulFlag.PIPELINE | LonghaulFlag.NO_PIPELINE) and rec.flags & flags == flags
     for slots in (1, 3, 4, 6, 8, 13, 32):  # stages of 1 and 2, k, waves (odd and even slots), every expert
         _, run = _run(path, slots, flags=flags)
-        for il, toks in rec.routing.layers.items():  # the routing is the same at every budget
-            assert np.array_equal(run.routing.layers[il], toks), (slots, il)
-        got = replay(rec, info, info.budget_for(slots))
+        # the routing is the same at every budget of the same ubatch (the same kernels); a budget that runs one token
+        # at a time (stages) replays its own recording: another kernel path may swap nearly tied experts
+        same = run.n_ubatch_eff == rec.n_ubatch_eff
+        for il, toks in rec.routing.layers.items():
+            assert not same or np.array_equal(run.routing.layers[il], toks), (slots, il)
+        got = replay(rec if same else run, info, info.budget_for(slots))
         assert {il: int(m.sum()) for il, m in got.lru.items()} == run.misses, slots
         assert sum(run.misses.values()) == run.prompt.n_misses + run.gen.n_misses
         for il in got.lru:  # the optimal policy never misses more
@@ -91,7 +94,8 @@ def test_replay_of_a_split_model_and_another_arch(make_model) -> None:
     info, rec = _run(path, 2, n_prompt=40, n_ubatch=8)
     for slots in (1, 5, 9):
         _, run = _run(path, slots, n_prompt=40, n_ubatch=8)
-        assert {il: int(m.sum()) for il, m in replay(rec, info, info.budget_for(slots)).lru.items()} == run.misses
+        base = rec if run.n_ubatch_eff == rec.n_ubatch_eff else run  # as above: the same kernels
+        assert {il: int(m.sum()) for il, m in replay(base, info, info.budget_for(slots)).lru.items()} == run.misses
 
 
 def test_record_shape_and_the_last_layer(make_model) -> None:

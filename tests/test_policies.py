@@ -127,3 +127,50 @@ def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, sl
     run = record_run(path, random_prompt(path, 48), 24, budget=info.budget_for(slots), n_threads=2, n_ubatch=64,
                      random_gen=True, timed=1, flags=flags)
     assert {il: got for il, (got, _) in replay_check(run, info).items()} == run.misses
+
+
+def test_a_split_file_is_a_list_of_whole_numbers(tmp_path) -> None:
+    """The planner's split file as Model(longhaul_layer_slots=path) reads it: "layer_slots" is a list of whole slot
+    counts; an object (which would be read in its keys' order), 3.7, "3" or true is refused, naming the entry."""
+    from longhaul_cpp.plan.split import load_split
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"layer_slots": [0, 3, 5]}))
+    assert load_split(good) == [0, 3, 5]
+    for bad, named in (({"0": 1, "10": 2, "2": 3}, "dict"), ([1, 3.7], "3.7"), ([1, "3"], "'3'"), ([True, 2], "True"),
+                       ([1, -2], "-2")):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps({"layer_slots": bad}))
+        with pytest.raises(ValueError, match=f"not a split .*{named}"):
+            load_split(path)
+
+
+def test_lfu_second_repetition_is_the_replay_of_three(make_model, monkeypatch) -> None:
+    """record_run under LFU with two timed repetitions: the second reads what a replay of the warm-up and both
+    repetitions gives for it (the decodes that time a cached token run after the last repetition: before, they ran
+    between the two and added uses the replay does not know)."""
+    from longhaul_cpp import LonghaulFlag, SyntheticSpec
+    from longhaul_cpp.modelinfo import inspect_model
+    from longhaul_cpp.plan import random_prompt, record_run
+    from longhaul_cpp.plan import record as plan_record
+    from longhaul_cpp.plan.policies import cache_for_flags
+    from longhaul_cpp.plan.replay import policy_from_flags
+
+    spec = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0", router_skew=0.8)
+    path = make_model(**{f: getattr(spec, f) for f in ("arch", "n_expert", "n_expert_used", "expert_type",
+                                                        "router_skew")})[0]
+    info = inspect_model(path)
+    seen = []
+    real = plan_record.faster
+    monkeypatch.setattr(plan_record, "faster", lambda a, b: (seen.append(b), real(a, b))[1])
+    run = record_run(path, random_prompt(path, 32), 16, budget=info.budget_for(6), n_threads=2, n_ubatch=64,
+                     timed=2, flags=LonghaulFlag.LFU)
+    assert run.hit_s is not None and len(seen) == 4  # prompt and generation of each repetition
+    policy, cache = policy_from_flags(info.expert_bias, run.flags), cache_for_flags(run.flags)
+    slots, ubatch, n = info.slots(run.budget), info.effective_ubatch(run.budget, run.n_ubatch), len(run.calls)
+    third = 0
+    for il, toks in run.routing.layers.items():
+        m, _ = replay_lru(np.concatenate([toks] * 3), run.layer_calls(il) * 3, slots[il], info.n_expert, ubatch,
+                          policy, cache)
+        third += int(m[2 * n:].sum())
+    assert seen[2].n_misses + seen[3].n_misses == third

@@ -1,4 +1,4 @@
-"""Published MoE files at their real scale, without their weights (`longhaul_cpp.published`: the published tensor
+"""Published MoE files at their real scale, without their weights (`longhaul_cpp.models.published`: the published tensor
 inventory, every tensor's type chosen by the shipped llama-quantize, the shard count; the data a sparse hole but
 for the norms, the routers' first columns and the first embedding rows): gpt-oss-20b and gpt-oss-120b (MXFP4, the
 latter in three shards), Qwen3-30B-A3B Q4_K_M and an Inkling-Small UD-IQ1_S mix in three shards.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from longhaul_cpp.modelinfo import inspect_model
-from longhaul_cpp.published import PUBLISHED, sparse_files_supported, write_published
+from longhaul_cpp.models.published import PUBLISHED, sparse_files_supported, write_published
 
 from conftest import run
 

@@ -1,4 +1,4 @@
-"""The synthetic routers (longhaul_cpp.routers): the calibrated router hits per-layer LRU caches as published models
+"""The synthetic routers (longhaul_cpp.models.routers): the calibrated router hits per-layer LRU caches as published models
 do, its layers differ, and the uniform and zipf routers stay what they were (their hit rates are far from it)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from longhaul_cpp import SyntheticSpec
 from longhaul_cpp.plan import replay_lru
 from longhaul_cpp.plan.record import record_routing
-from longhaul_cpp.routers import CALIBRATED_BAND, ROUTERS, previous_token_reuse, router_of, topic_stream
-from longhaul_cpp.synthetic_tensors import layer_skew
+from longhaul_cpp.models.routers import CALIBRATED_BAND, ROUTERS, previous_token_reuse, router_of, topic_stream
+from longhaul_cpp.models.tensors import layer_skew
 
 N_EXPERT, K, N_PROMPT, N_FED = 128, 8, 64, 384
 REFERENCE = SyntheticSpec(arch="qwen3moe", n_layer=6, n_embd=256, n_head=4, n_head_kv=2, n_expert=N_EXPERT,

@@ -96,8 +96,8 @@ def test_make_model_router(tmp_path: Path) -> None:
     import numpy as np
 
     from longhaul_cpp import SyntheticSpec
-    from longhaul_cpp.routers import ROUTERS
-    from longhaul_cpp.synthetic_tensors import layer_skew
+    from longhaul_cpp.models.routers import ROUTERS
+    from longhaul_cpp.models.tensors import layer_skew
 
     rows = {}
     for router in ("uniform", "calibrated"):

@@ -7,9 +7,9 @@ synthetic model (qwen3moe, 16 experts, top-4, rows of 256 so that every K- and I
   repacked layout are counted exactly where this CPU repacks the banks in a normal load; and with the plain-experts
   configuration (plain_expert_banks(): plain banks, plain slots) too.
 - The tools' default path (the memory-fit pass on): llama-completion gives the default load's text at every slot
-  count for the types the CPU repacks (one slot per layer aborted in the fit pass before series patch 0018).
+  count for the types the CPU repacks (one slot per layer aborted in the fit pass before series patch 0008).
 
-The IQ1/IQ2/IQ3 types are made with a synthetic importance matrix (`longhaul_cpp.synthetic_imatrix`), and the
+The IQ1/IQ2/IQ3 types are made with a synthetic importance matrix (`tests/imatrix.py`), and the
 mixes with `--tensor-type`: an Unsloth-style dynamic file (routed gate/up IQ1_S, one layer IQ2_XXS, down IQ3_XXS
 with one layer IQ4_XS, attention Q5_K) and Q5_K_M with BF16 up banks.
 """
@@ -25,7 +25,7 @@ import pytest
 from longhaul_cpp import LoadMode, Model, SyntheticSpec, tool_path
 from longhaul_cpp.longhaul import gib_arg, plain_expert_banks
 from longhaul_cpp.modelinfo import inspect_model
-from longhaul_cpp.synthetic_imatrix import write_imatrix
+from imatrix import write_imatrix
 
 from conftest import logits_and_greedy, repacked_mib, run
 

@@ -8,11 +8,11 @@ from .context import Context, greedy_generate
 from .model import Model
 from .params import LoadMode, LonghaulFlag
 from .routing import Routing, RoutingRecorder
-from .grammar import LlamaGrammar
+from .llama.grammar import LlamaGrammar
 from .llama import Llama
-from .llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
-from .synthetic import SyntheticSpec
-from .synthetic_gguf import make_model
+from .llama.llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
+from .models.spec import SyntheticSpec
+from .models.gguf import make_model
 from .tools import tool_path
 
 __all__ = [

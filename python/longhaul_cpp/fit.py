@@ -77,8 +77,8 @@ def _refuse(path: Path, f: CacheFit) -> LlamaError:
 def fit_budget(path: Path, mparams: Any, cparams: Any) -> CacheFit:
     """common_longhaul_fit: measure with every expert cached (which also gives the memory available, used for every
     decision after it), take the largest budget the rest leaves, shrink it by any excess the dry run at it shows
-    (buffers change with the slots), and if that does not settle, halve the interval between the smallest budget
-    and the last one tried."""
+    (buffers change with the slots), and if that does not settle, the most whole slots per layer that fit (halving
+    between one slot per layer and the smallest budget measured not to fit)."""
     first = _measure(path, mparams, cparams, _EVERY_EXPERT)
     if first.available == 2**64 - 1:
         raise LlamaError("the memory available is unknown on this system, so longhaul_cache='auto' cannot choose a "
@@ -96,28 +96,31 @@ def fit_budget(path: Path, mparams: Any, cparams: Any) -> CacheFit:
     if f.others + f.min_budget > avail:
         raise _refuse(path, f)
     budget = min(avail - f.others, f.max_budget)
+    hi = budget  # the smallest budget measured not to fit
     fits = False
     for _ in range(4):
         f = at(budget)
         if need(f) <= avail:
             fits = True
             break
+        hi = budget
         if budget < f.min_budget + (need(f) - avail):
             break
         budget -= need(f) - avail
     if not fits:
-        hi, budget = budget, f.min_budget
-        f = at(budget)
+        # the most whole slots per layer (n x the smallest budget) that fit, halving between one and `hi`
+        unit = f.min_budget
+        f = at(unit)
         if need(f) > avail:
             raise _refuse(path, f)
-        for _ in range(8):
-            if hi - budget <= f.min_budget:
-                break
-            mid = budget + (hi - budget) // 2
-            if need(at(mid)) <= avail:
-                budget = mid
+        n_lo, n_hi = 1, -(-hi // unit)  # n_hi x unit >= hi: does not fit
+        while n_hi - n_lo > 1:
+            mid = (n_lo + n_hi) // 2
+            if need(at(mid * unit)) <= avail:
+                n_lo = mid
             else:
-                hi = mid
+                n_hi = mid
+        budget = n_lo * unit
         f = at(budget)
     return dataclasses.replace(f, budget=budget)
 

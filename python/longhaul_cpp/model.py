@@ -72,6 +72,10 @@ class Model(Handle):
         if slots is not None:
             if load_mode != LoadMode.LONGHAUL:
                 raise ValueError("longhaul_layer_slots is only used with load_mode=LoadMode.LONGHAUL")
+            if auto:  # as common refuses --longhaul-split with --longhaul-cache auto
+                raise ValueError("longhaul_layer_slots fixes the slots of every layer, so longhaul_cache='auto' has "
+                                 "nothing to choose: give the budget the split was planned for (e.g. longhaul_cache=2 "
+                                 "or longhaul_cache_bytes=N)")
             if isinstance(slots, (str, os.PathLike)):
                 from .plan.split import load_split
                 slots = load_split(slots)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..synthetic import SyntheticSpec
+from ..models.spec import SyntheticSpec
 
 
 # the benchmark models (qwen35moe layout, Q4_0 experts, Q8_0 other weights)

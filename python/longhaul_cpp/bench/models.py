@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..paths import cache_dir
-from ..routers import router_of
-from ..synthetic_gguf import make_model
+from ..models.routers import router_of
+from ..models.gguf import make_model
 from .config import BENCH_MODELS
 
 

@@ -28,7 +28,7 @@ from ..params import LonghaulFlag
 from ..plan.record import RecordedRun, record_run
 from ..plan.recommend import Config, Recommendation, recommend
 from ..plan.predict import replay_check
-from ..routers import router_of
+from ..models.routers import router_of
 from .capped import parse_result, write_args
 from .config import BenchConfig, BenchError
 from .process import MemoryCap, run_process

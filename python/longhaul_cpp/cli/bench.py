@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..bench import ROUTINGS, SCENARIOS, BenchConfig, parse_fractions, rewrite_reports, run_bench, write_reports
-from ..routers import ROUTERS
+from ..models.routers import ROUTERS
 from .common import Progress
 
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from ..paths import cache_dir, shard_paths
-from ..synthetic import SyntheticSpec
-from ..synthetic_gguf import make_model
+from ..models.spec import SyntheticSpec
+from ..models.gguf import make_model
 
 
 class Progress:

@@ -6,8 +6,8 @@ import sys
 import time
 
 from ..longhaul import MIB
-from ..routers import ROUTERS
-from ..synthetic_gguf import make_model
+from ..models.routers import ROUTERS
+from ..models.gguf import make_model
 from .common import Progress, add_spec_args, spec_from
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model import Model
+from ..params import LonghaulFlag
 from ..plan import make_plan, random_prompt
 from ..longhaul import GIB, MIB
 from ..longhaul import size_arg, size_text
@@ -91,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
     measured = sum(b for _, b in p.check.values())
     print(f"replay check at the run's budget: {replayed} misses replayed, {measured} measured"
           + (" (equal in every layer)" if p.check_exact else
-             " (they differ: the library chose another read path, e.g. O_DIRECT under a memory limit; predictions "
-             "assume reads through the page cache)"))
+             " (they differ: the run prefetched across layers (--longhaul-prefetch), which the replay does not model)"
+             if r.flags & LonghaulFlag.PREFETCH else
+             " (they differ, and the replay models every switch of this run: please report it with this output)"))
     rows = p.rows if args.all else shown_rows(p.rows, info.n_expert_used, [p.knee])
     print(table(rows, p.knee))
     if p.knee is not None:

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from ..longhaul import GIB, MIB
-from ..published import PUBLISHED, sparse_files_supported, write_published
+from ..models.published import PUBLISHED, sparse_files_supported, write_published
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

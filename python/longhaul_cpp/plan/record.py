@@ -39,12 +39,14 @@ class RecordedRun:
     n_prompt: int
     n_gen: int
     budget: int
-    n_ubatch: int
+    n_ubatch: int          # asked for
     prompt: PhaseRun
     gen: PhaseRun
     misses: dict[int, int]  # per routed layer, of the recorded repetition (to check the replay against)
     hit_s: float | None = None  # seconds per token of a decode whose experts are all cached (None: not measured)
     flags: int = 0  # the longhaul switches in effect during the run (Model.longhaul_flags: the library's choices)
+    n_ubatch_eff: int = 0  # the ubatch the context ran (what the slots allow), at which the routing was recorded:
+    # routings recorded at other ubatches run other kernel paths, and nearly tied experts can swap on some CPUs
 
     def layer_calls(self, il: int) -> list[int]:
         """The tokens layer il ran in each call: all of them, or for the last layer (which runs only the tokens
@@ -177,9 +179,10 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
                 misses = {b.il: b.n_misses - a.n_misses for a, b in zip(s0.layers, s2.layers)}
             if rep == 0:
                 continue
-            # after the misses are taken, so the warm-up alone comes before them, as in the replay: re-touching
-            # the experts the last decode used changes no slot's LRU order, but it adds uses under LFU
-            hits.append(time_hits(ctx, model, state, last, max(8, n_gen)) if n_gen else None)
+            # after the last repetition only, so that every repetition's counts are the replay's: re-touching the
+            # experts the last decode used changes no slot's LRU order, but it adds uses under LFU
+            if rep == max(1, timed):
+                hits.append(time_hits(ctx, model, state, last, max(8, n_gen)) if n_gen else None)
             prompt_run = faster(prompt_run, PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total))
             gen_run = faster(gen_run, PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total))
     if routing is None:
@@ -189,4 +192,4 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,
                        n_ubatch=n_ubatch,
                        prompt=prompt_run, gen=gen_run, misses=misses,
-                       hit_s=None if None in hits else min(hits), flags=flags)
+                       hit_s=None if None in hits else min(hits), flags=flags, n_ubatch_eff=eff_ubatch)

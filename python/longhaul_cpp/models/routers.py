@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from .synthetic import SyntheticSpec
+from .spec import SyntheticSpec
 
 FIRST_TOKEN = 3      # the byte vocabulary's first byte token (0-2: unk, bos, eos)
 N_BYTE_TOKENS = 256  # byte tokens FIRST_TOKEN .. FIRST_TOKEN + 255 (the streams draw from the first 253)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .synthetic import SyntheticSpec
+from .spec import SyntheticSpec
 
 
 def rng_for(seed: int, name: str) -> np.random.Generator:

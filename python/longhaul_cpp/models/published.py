@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .paths import shard_paths
-from .synthetic import N_VOCAB, SyntheticSpec
-from ._lib import ffi, lib
-from .synthetic_gguf import add_metadata, tensor_layout
-from .synthetic_tensors import TensorDef, rng_for
-from .tools import tool_path
+from ..paths import shard_paths
+from .spec import N_VOCAB, SyntheticSpec
+from .._lib import ffi, lib
+from .gguf import add_metadata, tensor_layout
+from .tensors import TensorDef, rng_for
+from ..tools import tool_path
 
 ROUTER_COLS = 64   # router columns with random weights (the rest of each row is a hole)
 EMBD_ROWS = N_VOCAB  # token embedding rows with random weights: the byte vocabulary's ids (0..258)

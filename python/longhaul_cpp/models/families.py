@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .synthetic import SyntheticSpec
-from .synthetic_tensors import TensorDef, router_fill
+from .spec import SyntheticSpec
+from .tensors import TensorDef, router_fill
 
 FAMILIES = ("gpt-oss", "deepseek2", "glm4moe", "llama4", "llama")
 

@@ -1,5 +1,5 @@
 """Synthetic MoE GGUF models: what one is (SyntheticSpec). The file itself is written by
-`longhaul_cpp.synthetic_gguf.make_model`:
+`longhaul_cpp.models.gguf.make_model`:
 
     spec = SyntheticSpec(arch="qwen35moe", n_layer=4, n_expert=16, n_expert_used=4, expert_type="q4_0")
     paths = make_model(spec, "model.gguf", n_shards=3)
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .synthetic_vocab import INKLING_N_VOCAB
+from .vocab import INKLING_N_VOCAB
 
 # the architectures the generator writes (longhaul itself runs any architecture whose routed experts go through
 # upstream's build_moe_ffn: the library decides from the model, see docs/longhaul.md)

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._lib import Handle, LlamaError, ffi, lib
+from .._lib import Handle, LlamaError, ffi, lib
 
 if TYPE_CHECKING:
-    from .context import Context
-    from .model import Model
+    from ..context import Context
+    from ..model import Model
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: a random seed
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .paths import shard_paths
-from .synthetic import BOS_ID, EOS_ID, N_SPECIAL, N_VOCAB, UNK_ID, SyntheticSpec
-from .synthetic_families import FAMILIES, add_family_metadata, family_tensors
-from .synthetic_tensors import TensorDef, rng_for, router_fill
-from .synthetic_vocab import inkling_vocab, regular_token_count
+from ..paths import shard_paths
+from .spec import BOS_ID, EOS_ID, N_SPECIAL, N_VOCAB, UNK_ID, SyntheticSpec
+from .families import FAMILIES, add_family_metadata, family_tensors
+from .tensors import TensorDef, rng_for, router_fill
+from .vocab import inkling_vocab, regular_token_count
 
 
 # ---- random tensors ---------------------------------------------------------------------------

@@ -13,27 +13,28 @@ is refused by name with the reason (llama_args.py).
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._lib import LlamaError, lib, logger
-from .chat import check_messages, resolve_formatter
-from .context import Context
+from .._lib import LlamaError, lib, logger
+from .chat import ChatMixin, resolve_formatter
+from ..context import Context
 from .grammar import LlamaGrammar
 from .llama_args import LlamaArgs, configure_verbose
 from .llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
-from .longhaul import LonghaulStats, is_auto_budget
-from .model import Model
+from ..longhaul import LonghaulStats, is_auto_budget
+from ..model import Model
 from .sampling import DEFAULT_SEED, Sampler, SamplingParams
-from . import completion as _completion
-from . import embedding as _embedding
+from .completion import CompletionMixin
+from .embedding import EmbeddingMixin
+from .llama_tokenizer import LlamaTokenizer
 
 
-class Llama:
-    """A model and one context, as llama-cpp-python's `Llama` (see the module's docstring).
+class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
+    """A model and one context, as llama-cpp-python's `Llama` (see the module's docstring); completions, chat
+    and embeddings are its methods from the mixins of completion.py, chat.py and embedding.py.
 
     Beyond llama-cpp-python's arguments: `load_mode` ("longhaul", "mmap", ... or a LoadMode; default:
     from use_mmap / use_mlock as there) and `longhaul_cache` ("2GiB", 2, "auto"); other keyword arguments
@@ -145,6 +146,10 @@ class Llama:
         return self._model.longhaul_stats()
 
     # -- vocabulary --
+    def tokenizer(self) -> LlamaTokenizer:
+        """The llama tokenizer of this model (llama-cpp-python's `Llama.tokenizer()`)."""
+        return LlamaTokenizer(self)
+
     def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]:
         """Token ids of `text` (UTF-8 bytes; str is accepted too), with BOS when the model adds one."""
         if self.tokenizer_ is not None:
@@ -281,70 +286,6 @@ class Llama:
                     return
                 extra = yield token
                 todo = [token] + list(extra or [])
-
-    # -- completions --
-    def _next_seed(self, seed: int | None) -> int:
-        """The seed of a request: its own, or the next of the Llama's sequence (llama-cpp-python's rule)."""
-        self.set_seed(seed if seed is not None else random.Random(self._seed).randint(0, 2**32))
-        return self._seed
-
-    def create_completion(self, prompt: str | list[int], suffix: str | None = None, max_tokens: int | None = 16,
-                          temperature: float = 0.8, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
-                          logprobs: int | None = None, echo: bool = False, stop: str | list[str] | None = [],  # noqa: B006
-                          frequency_penalty: float = 0.0, presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
-                          top_k: int = 40, stream: bool = False, seed: int | None = None, tfs_z: float = 1.0,
-                          mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
-                          model: str | None = None, stopping_criteria: StoppingCriteriaList | None = None,
-                          logits_processor: LogitsProcessorList | None = None, grammar: LlamaGrammar | None = None,
-                          logit_bias: dict[int, float] | None = None) -> Any:
-        """An OpenAI `text_completion` dict, or with stream=True an iterator of its chunks."""
-        req = _completion.Request(prompt=prompt, suffix=suffix, max_tokens=max_tokens, logprobs=logprobs, echo=echo,
-                                  stop=stop, stream=stream, model=model, stopping_criteria=stopping_criteria,
-                                  logits_processor=logits_processor, grammar=grammar, logit_bias=logit_bias,
-                                  sampling=dict(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-                                                temp=temperature, repeat_penalty=repeat_penalty,
-                                                frequency_penalty=frequency_penalty,
-                                                presence_penalty=presence_penalty, tfs_z=tfs_z,
-                                                mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                                                mirostat_eta=mirostat_eta), seed=seed)
-        chunks = _completion.run(self, req)
-        return chunks if stream else next(chunks)
-
-    __call__ = create_completion
-
-    def create_chat_completion(self, messages: list[dict[str, Any]], functions: list[dict[str, Any]] | None = None,
-                               function_call: Any = None, tools: list[dict[str, Any]] | None = None,
-                               tool_choice: Any = None, temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
-                               min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
-                               stop: str | list[str] | None = [], seed: int | None = None,  # noqa: B006
-                               response_format: dict[str, Any] | None = None, max_tokens: int | None = None,
-                               presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                               repeat_penalty: float = 1.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
-                               mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: str | None = None,
-                               logits_processor: LogitsProcessorList | None = None,
-                               grammar: LlamaGrammar | None = None, logit_bias: dict[int, float] | None = None,
-                               logprobs: bool | None = None, top_logprobs: int | None = None) -> Any:
-        """An OpenAI `chat.completion` dict, or with stream=True an iterator of `chat.completion.chunk`s."""
-        kw = dict(messages=messages, functions=functions, function_call=function_call, tools=tools,
-                  tool_choice=tool_choice, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-                  typical_p=typical_p, stream=stream, stop=stop, seed=seed, response_format=response_format,
-                  max_tokens=max_tokens, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                  repeat_penalty=repeat_penalty, tfs_z=tfs_z, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                  mirostat_eta=mirostat_eta, model=model, logits_processor=logits_processor, grammar=grammar,
-                  logit_bias=logit_bias, logprobs=logprobs, top_logprobs=top_logprobs)
-        if self.chat_handler is not None:
-            return self.chat_handler(llama=self, **kw)
-        check_messages(messages)
-        return _completion.chat(self, self._formatter, **kw)
-
-    def create_embedding(self, input: str | list[str], model: str | None = None) -> Any:  # noqa: A002
-        """An OpenAI embedding list (needs `embedding=True`: a normal load; longhaul mode refuses it)."""
-        return _embedding.create_embedding(self, input, model)
-
-    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,  # noqa: A002
-              return_count: bool = False) -> Any:
-        """The embedding of each input: pooled vectors, or one per token when the pooling is NONE."""
-        return _embedding.embed(self, input, normalize, truncate, return_count)
 
     def pooling_type(self) -> int:
         return int(lib().llama_pooling_type(self._ctx.ptr))

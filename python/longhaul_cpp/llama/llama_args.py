@@ -9,8 +9,8 @@ import os
 import sys
 from typing import Any
 
-from ._lib import LlamaError, ffi, lib, logger
-from .params import LoadMode
+from .._lib import LlamaError, ffi, lib, logger
+from ..params import LoadMode
 
 _CONTEXT_FIELDS = {name for name, _ in ffi.typeof("struct llama_context_params").fields}
 _MODEL_FIELDS = {name for name, _ in ffi.typeof("struct llama_model_params").fields}
