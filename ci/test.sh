@@ -23,7 +23,7 @@ case "$(uname -m)" in x86_64|amd64|AMD64)
         level_args="$level_args -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
     fi;;
 esac
-export CMAKE_ARGS="${CMAKE_ARGS:-} $level_args"
+export CMAKE_ARGS="${CMAKE_ARGS:-} $level_args" LONGHAUL_LEVEL_ARGS="$level_args"
 # its own build folder per kernel level, so switching levels rebuilds neither
 export SKBUILD_BUILD_DIR="${SKBUILD_BUILD_DIR:-build/test-${level_args:+x86-64-v3}${level_args:-native}}"
 # the tests take upstream's binaries from there
@@ -49,6 +49,24 @@ if ! "$venv/bin/python" -m pip install --no-input -q "${wheel}[test]" >"$log" 2>
     exit 1
 fi
 echo "ci/test.sh: installed into $venv in $(( $(date +%s) - start )) s"
+# The cross builds the tests use (the Windows build, tests/test_portability.py; the Vulkan build, test_vulkan.py)
+# start now, in the background at a lower priority, while llama-cpp-python builds and the tests run; a test that
+# needs one calls its script, which waits for the running build (a lock per build folder) and then has nothing
+# left to do.
+bg=$(mktemp -d)
+bg_build() {  # name script folder
+    ( s=$(date +%s); nice -n 10 bash "ci/$2" "$3" >"$bg/$1.log" 2>&1; echo "$? $(( $(date +%s) - s ))" >"$bg/$1.rc" ) &
+}
+command -v x86_64-w64-mingw32-g++-posix >/dev/null && bg_build mingw mingw-build.sh "$PWD/build/mingw"
+command -v glslc >/dev/null && bg_build vulkan vulkan-build.sh "$PWD/build/vulkan"
+report_bg() {
+    wait
+    for f in "$bg"/*.rc; do
+        [ -e "$f" ] && echo "ci/test.sh: background build $(basename "$f" .rc): exit $(cut -d' ' -f1 "$f") in $(cut -d' ' -f2 "$f") s"
+    done
+    return 0
+}
+trap report_bg EXIT
 # llama-cpp-python, for the side-by-side tests of longhaul_cpp.Llama (tests/test_llama_cpp_python.py): built from
 # its sdist once per set of build flags (about 5 minutes on 2 cores, the library only) into a cache folder named
 # by the flags, then installed from there. Its kernels are this build's (the kernel level above; natively, without
@@ -84,4 +102,4 @@ fi
 echo "ci/test.sh: llama-cpp-python 0.3.36 installed in $(( $(date +%s) - start )) s"
 
 # pytest exits 5 when it collected nothing: that is a failure here too
-"$venv/bin/python" -m pytest -ra -p no:cacheprovider tests "$@"
+"$venv/bin/python" -m pytest -ra -p no:cacheprovider --durations=25 tests "$@"

@@ -3,6 +3,8 @@
 # CMakeLists.txt as the wheel (what `pip install . -C cmake.define.GGML_VULKAN=ON` builds): the libraries
 # and llama-completion, in build/vulkan (ccache: later builds take about a minute). Its tests run on
 # Mesa's lavapipe, a Vulkan device that computes on the CPU (tests/test_vulkan.py, docs/portability.md).
+# LONGHAUL_LEVEL_ARGS (ci/test.sh sets it): the suite's kernel level, so the CPU backend, libllama and common
+# are the objects of the wheel's build (ccache hits). One build at a time per folder: a second call waits.
 # Needs libvulkan-dev, glslc and spirv-headers to build, mesa-vulkan-drivers to run (ci/setup.sh).
 # Usage: ci/vulkan-build.sh [BUILD_DIR]
 set -euo pipefail
@@ -17,7 +19,12 @@ if command -v ninja >/dev/null || "$PY" -c "import ninja" 2>/dev/null; then
     gen=(-G Ninja)
     command -v ninja >/dev/null || gen+=(-DCMAKE_MAKE_PROGRAM="$("$PY" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))')")
 fi
+mkdir -p "$BUILD"
+exec 9>"$BUILD.lock"
+flock 9
 start=$(date +%s)
-cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" -DGGML_VULKAN=ON >/dev/null
+# shellcheck disable=SC2086
+cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" -DGGML_VULKAN=ON \
+    ${LONGHAUL_LEVEL_ARGS:-} >/dev/null
 cmake --build "$BUILD" -j "${JOBS:-2}" --target llama llama-completion ggml-vulkan
 echo "ci/vulkan-build.sh: built $BUILD/bin in $(( $(date +%s) - start )) s"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import can_cap, run
+from conftest import needs_cap, run
 from longhaul_cpp import SyntheticSpec
 from longhaul_cpp.bench import MemoryCap, Run, parse_fractions, run_process
 from longhaul_cpp.longhaul import gib_arg
@@ -133,7 +133,7 @@ def test_bench_policies_scenario(make_model, tmp_path) -> None:
     assert r.returncode != 0 and "unknown routing(s) bogus" in r.stderr
 
 
-@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+@needs_cap
 def test_bench_policies_scenario_under_the_cap(make_model, tmp_path) -> None:
     """With a cgroup, each configuration of the policies scenario runs in a child under the cap, the repetitions
     in alternating order: every repetition reads the replay's bytes, the rows keep each repetition's t/s."""
@@ -154,7 +154,7 @@ def test_bench_policies_scenario_under_the_cap(make_model, tmp_path) -> None:
     assert "under the bench's memory cap (2.00 GiB)" in (out / "results.md").read_text()
 
 
-@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+@needs_cap
 def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     model = _tiny(make_model)
     out = tmp_path / "out"
@@ -191,7 +191,7 @@ def test_read_bandwidth_probe(make_model) -> None:
     assert bw["bytes_per_s"] == max(bw["cold_bytes_per_s"], bw["reread_bytes_per_s"])  # the bound: the faster
 
 
-@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+@needs_cap
 def test_reads_bypass_the_page_cache_only_under_a_memory_limit(make_model) -> None:
     """The library reads experts with O_DIRECT when the memory it may still use (MemAvailable, each enclosing
     cgroup's limit minus usage) cannot hold the experts outside its cache, buffered otherwise."""
@@ -266,3 +266,17 @@ def test_results_written_before_the_explicit_fields_still_load() -> None:
     assert (r.load, r.layout, r.budget_bytes) == ("mmap", "plain", None)
     r = Run.from_dict(dict(old, label="longhaul 0.66 GiB, steady", budget_gib=0.5, cold=False))
     assert (r.load, r.layout, r.budget_bytes) == ("longhaul", "repacked", 2**29)
+
+
+def test_memory_cap_tests_never_skip_under_ci(monkeypatch) -> None:
+    """Where no cgroup cap can be made, the memory-cap tests skip on a developer's machine but fail under CI: the
+    page-cache accounting and the capped scenarios cannot go untested there without a red run."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "can_cap", lambda: False)
+    with pytest.raises(pytest.fail.Exception, match="CI: the memory-cap tests cannot run"):
+        conftest.check_cap(ci=True)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        conftest.check_cap(ci=False)
+    monkeypatch.setattr(conftest, "can_cap", lambda: True)
+    conftest.check_cap(ci=True)  # a cap: nothing to say

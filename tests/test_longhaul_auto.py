@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import can_cap
+from conftest import needs_cap
 from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, fit_longhaul_cache
 from longhaul_cpp.bench import MemoryCap, run_process
 from longhaul_cpp.tools import tool_path
@@ -142,7 +142,7 @@ def test_auto_on_the_command_line(make_model, tmp_path) -> None:
     assert bad.returncode != 0 and "automatic" in bad.stderr
 
 
-@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+@needs_cap
 def test_auto_stays_inside_a_memory_cap(make_model, tmp_path) -> None:
     """Under a 192 MiB cap the 214 MiB of experts cannot all be cached: auto picks a budget between one slot
     and every expert, the prompt and generation run without reaching the cap's OOM killer, the process's
@@ -170,7 +170,7 @@ def test_auto_stays_inside_a_memory_cap(make_model, tmp_path) -> None:
     assert free.returncode == 0 and free.stdout == res.stdout
 
 
-@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+@needs_cap
 def test_auto_refused_with_the_shortfall(make_model, tmp_path) -> None:
     model = _model(make_model, BIG)
     with MemoryCap(48 * MIB) as cap:
@@ -235,35 +235,43 @@ from longhaul_cpp import fit_longhaul_cache
 def available():
     return fit_longhaul_cache(sys.argv[1], context_params={"n_ctx": 256}).available
 
-before = available()
-for _ in range(2):  # read twice: the file's pages become active in the cgroup's page cache
-    with open(sys.argv[2], "rb") as f:
-        while f.read(1 << 20):
-            pass
-print(before, available())
+out = [available()]
+for path in sys.argv[2:]:
+    for _ in range(2):  # read twice: the file's pages become active in the cgroup's page cache
+        with open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    out.append(available())
+print(*out)
 """
 
 
-@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
-def test_page_cache_is_not_counted_as_used(make_model, tmp_path) -> None:
-    """A container that read a file twice (its pages active in the cgroup's page cache) still has that memory
-    available: the kernel reclaims file pages before it kills anything. Without the fix, 256 MiB less."""
+@needs_cap
+def test_page_cache_of_the_model_is_free_and_of_others_used(make_model, tmp_path) -> None:
+    """In a container, the model's own file pages (its GGUF read twice: active in the cgroup's page cache) still
+    count as available, which the kernel reclaims before it kills anything; another file's active pages are that
+    reader's working set and count as used (before, both counted as available)."""
     import sys
 
-    model = _model(make_model, TINY)
+    model = _model(make_model, BIG)
     data = tmp_path / "data.bin"
     with open(data, "wb") as f:
         for _ in range(256):
             f.write(os.urandom(MIB))
         f.flush()
         os.fsync(f.fileno())
-        # out of the page cache: the capped process's reads bring its pages in, charged to its cgroup
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    with MemoryCap(1024 * MIB) as cap:
-        res = run_process([sys.executable, "-c", AVAIL_SCRIPT, str(model), str(data)], cap=cap, timeout=600)
+    for path in (model, data):  # out of the page cache: the capped process's reads bring them in, charged to it
+        with open(path, "rb") as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    size = model.stat().st_size
+    assert size > 192 * MIB
+    with MemoryCap(1536 * MIB) as cap:
+        res = run_process([sys.executable, "-c", AVAIL_SCRIPT, str(model), str(model), str(data)], cap=cap,
+                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
-    before, after = (int(x) for x in res.stdout.split())
-    assert after > before - 48 * MIB, (before / MIB, after / MIB)
+    before, after_model, after_data = (int(x) for x in res.stdout.split())
+    assert after_model > before - 48 * MIB, (before / MIB, after_model / MIB)
+    assert after_data < after_model - 192 * MIB, (after_model / MIB, after_data / MIB)
 
 
 _CHOSE = re.compile(r"auto chose ([0-9.]+) (B|KiB|MiB|GiB|TiB) \((\d+) of \d+ experts per layer at least\): "
@@ -271,7 +279,7 @@ _CHOSE = re.compile(r"auto chose ([0-9.]+) (B|KiB|MiB|GiB|TiB) \((\d+) of \d+ ex
                     r"([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 
 
-@pytest.mark.skipif(not can_cap(), reason="needs root and a writable cgroup memory controller")
+@needs_cap
 def test_python_and_the_tools_choose_alike(make_model, tmp_path, monkeypatch) -> None:
     """One policy in two languages (common_longhaul_fit in common, longhaul_cpp.fit in Python, both on the library's
     llama_longhaul_measure): given the memory the tool saw, Python's search picks the tool's budget, where a cap
@@ -290,9 +298,15 @@ def test_python_and_the_tools_choose_alike(make_model, tmp_path, monkeypatch) ->
     assert BIG.budget_for(1) <= budget < BIG.budget_for(BIG.n_expert)
     real = fit_mod._measure
 
+    # the read buffers too: the load under the cap reads with O_DIRECT (4 MiB each), this process has the memory
+    io = re.search(r"read buffers ([0-9.]+) (B|KiB|MiB|GiB)", m.group(0) + log[m.end():m.end() + 200])
+    assert io, log[m.start():m.end() + 200]
+    io_bytes = round(float(io.group(1)) * _UNIT[io.group(2)])
+
     def pinned(*args):
         f = real(*args)
-        return dataclasses.replace(f, available=avail, headroom=max(fit_mod.HEADROOM_MIN, avail // fit_mod.HEADROOM_DIV))
+        return dataclasses.replace(f, available=avail, io=io_bytes,
+                                   headroom=max(fit_mod.HEADROOM_MIN, avail // fit_mod.HEADROOM_DIV))
 
     monkeypatch.setattr(fit_mod, "_measure", pinned)
     py = fit_longhaul_cache(model, context_params={"n_ctx": 256, "n_batch": 2048, "n_ubatch": 512})
