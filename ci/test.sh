@@ -25,7 +25,9 @@ case "$(uname -m)" in x86_64|amd64|AMD64)
 esac
 export CMAKE_ARGS="${CMAKE_ARGS:-} $level_args" LONGHAUL_LEVEL_ARGS="$level_args"
 # its own build folder per kernel level, so switching levels rebuilds neither
-export SKBUILD_BUILD_DIR="${SKBUILD_BUILD_DIR:-build/test-${level_args:+x86-64-v3}${level_args:-native}}"
+level_name=native
+[ -n "$level_args" ] && level_name=x86-64-v3
+export SKBUILD_BUILD_DIR="${SKBUILD_BUILD_DIR:-build/test-$level_name}"
 # the tests take upstream's binaries from there
 export LONGHAUL_UPSTREAM_BIN="$PWD/$SKBUILD_BUILD_DIR/bin"
 
