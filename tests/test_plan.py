@@ -310,7 +310,7 @@ def test_plan_command(make_model, tmp_path) -> None:
     split = tmp_path / "split.json"
     r = _cli("plan", str(path), "-p", "16", "-n", "4", "--bandwidth", "run", "--all", "--write-split", str(split))
     assert r.returncode == 0 and "the recorded run's own reads" in r.stdout, r.stderr
-    from longhaul_cpp.plan.split import load_split
+    from longhaul_cpp.longhaul import load_split
     doc = json.loads(split.read_text())
     assert f"wrote {split}" in r.stdout and len(load_split(split)) == inspect_model(path).n_layer
     assert {il for il, n in enumerate(load_split(split)) if n} == {int(il) for il in doc["even_slots"]}

@@ -81,7 +81,8 @@ def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path, polic
     from longhaul_cpp.modelinfo import inspect_model
     from longhaul_cpp.plan import random_prompt, record_run
     from longhaul_cpp.plan.policies import POLICIES
-    from longhaul_cpp.plan.split import layer_curves, load_split, plan_split
+    from longhaul_cpp.longhaul import load_split
+    from longhaul_cpp.plan.split import layer_curves, plan_split
 
     spec = SyntheticSpec(arch="qwen3moe", n_expert=16, n_expert_used=4, expert_type="q8_0", router_skew=0.8)
     path = make_model(**{f: getattr(spec, f) for f in ("arch", "n_expert", "n_expert_used", "expert_type",
@@ -132,7 +133,7 @@ def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, sl
 def test_a_split_file_is_a_list_of_whole_numbers(tmp_path) -> None:
     """The planner's split file as Model(longhaul_layer_slots=path) reads it: "layer_slots" is a list of whole slot
     counts; an object (which would be read in its keys' order), 3.7, "3" or true is refused, naming the entry."""
-    from longhaul_cpp.plan.split import load_split
+    from longhaul_cpp.longhaul import load_split
 
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"layer_slots": [0, 3, 5]}))

@@ -12,7 +12,7 @@ from .llama.grammar import LlamaGrammar
 from .llama import Llama
 from .llama.llama_types import LlamaState, LogitsProcessorList, StoppingCriteriaList
 from .models.spec import SyntheticSpec
-from .models.gguf import make_model
+from .models.writer import make_model
 from .tools import tool_path
 
 __all__ = [

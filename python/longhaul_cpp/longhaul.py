@@ -3,10 +3,12 @@ plain-experts reference load, an injected read failure)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import dataclasses
 import math
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ._lib import lib
@@ -148,3 +150,21 @@ class LonghaulStats:
     def records(self) -> list[dict[str, Any]]:
         """One dict per layer (pandas.DataFrame(stats.records()) works)."""
         return [dataclasses.asdict(l) | {"hit_rate": l.hit_rate} for l in self.layers]
+
+
+def load_split(path: str | Path) -> list[int]:
+    """The per-layer slots (one entry per layer) of a file `longhaul-cpp plan --write-split` wrote."""
+    try:
+        data = json.loads(Path(path).read_text())
+        slots = data["layer_slots"]
+        if not isinstance(slots, list):
+            raise TypeError(f"\"layer_slots\" is a {type(slots).__name__}, not a list")
+        for n in slots:  # whole numbers only: no bool, float or string (int() would take True, 3.7 and "3")
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 2**31 - 1:
+                raise TypeError(f"\"layer_slots\" holds {n!r}, not a number of slots")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a split written by `longhaul-cpp plan --write-split` ({e}): it needs "
+                         "\"layer_slots\", a list of expert slots per layer") from e
+    if not slots:
+        raise ValueError(f"{path}: the split lists no layer")
+    return slots

@@ -12,7 +12,8 @@ import numpy as np
 from ._lib import Handle, LlamaError, ffi, lib, log_mark, logger, raise_error
 from .context import Context
 from .fit import CacheFit, fit_budget
-from .longhaul import LayerStats, LonghaulStats, is_auto_budget, parse_cache_size, python_budget_advice, size_arg
+from .longhaul import (LayerStats, LonghaulStats, is_auto_budget, load_split, parse_cache_size, python_budget_advice,
+                       size_arg)
 from .modelinfo import inspect_model
 from .params import LoadMode, LonghaulFlag, buft_overrides, set_fields
 from .params import context_params as context_params_struct
@@ -77,7 +78,6 @@ class Model(Handle):
                                  "nothing to choose: give the budget the split was planned for (e.g. longhaul_cache=2 "
                                  "or longhaul_cache_bytes=N)")
             if isinstance(slots, (str, os.PathLike)):
-                from .plan.split import load_split
                 slots = load_split(slots)
             if isinstance(slots, Mapping):
                 by_layer = [0] * inspect_model(self.path).n_layer

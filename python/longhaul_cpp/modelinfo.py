@@ -17,6 +17,8 @@ import dataclasses
 import re
 from pathlib import Path
 
+import gguf
+
 from .gguf_extent import tensor_outside
 from .paths import shard_list
 
@@ -122,8 +124,6 @@ class ModelInfo:
 
 def _reader(shard: Path):
     """The shard's gguf reader; a truncated file names the tensor it cuts (the gguf package fails to reshape)."""
-    import gguf
-
     try:
         return gguf.GGUFReader(shard)
     except Exception as e:  # noqa: BLE001 (diagnosed below, else re-raised)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..paths import cache_dir
 from ..models.routers import router_of
-from ..models.gguf import make_model
+from ..models.writer import make_model
 from .config import BENCH_MODELS
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..paths import cache_dir, shard_paths
 from ..models.spec import SyntheticSpec
-from ..models.gguf import make_model
+from ..models.writer import make_model
 
 
 class Progress:

@@ -7,7 +7,7 @@ import time
 
 from ..longhaul import MIB
 from ..models.routers import ROUTERS
-from ..models.gguf import make_model
+from ..models.writer import make_model
 from .common import Progress, add_spec_args, spec_from
 
 

@@ -18,6 +18,10 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from .._lib import LlamaError, ffi, lib
 from .grammar import JSON_GBNF, LlamaGrammar
 from .llama_types import LogitsProcessorList, StoppingCriteriaList
@@ -88,10 +92,6 @@ def format_llama2(messages: Sequence[Mapping[str, Any]], _: Mapping[str, Any]) -
 def jinja_formatter(template: str, bos: str, eos: str, eos_id: int) -> Formatter:
     """The model's own template rendered with Jinja2 (sandboxed, trim_blocks and lstrip_blocks, loop
     controls, `{% generation %}` ignored, `tojson` keeping non-ASCII), as llama-cpp-python renders it."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     class _Generation(jinja2.ext.Extension):
         tags = {"generation"}
 

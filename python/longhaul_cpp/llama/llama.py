@@ -86,9 +86,6 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         self.input_ids = np.zeros(self._n_ctx, dtype=np.intc)
         self.scores = np.zeros((self._n_ctx if logits_all else self.n_batch, self._n_vocab), dtype=np.single)
         self.n_tokens = 0
-        self._requires_eval = True
-        self._is_recurrent = bool(lib().llama_model_is_recurrent(self._model.ptr) or
-                                  lib().llama_model_is_hybrid(self._model.ptr))
         self.chat_format, self._formatter = (None, None) if chat_handler else resolve_formatter(self._model, chat_format)
         if self._model.is_longhaul:
             logger.info("%s", self._model.longhaul_plan(self._ctx.n_ubatch))
@@ -177,7 +174,6 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
     def reset(self) -> None:
         """Forget the evaluated tokens: the next eval starts at position 0."""
         self.n_tokens = 0
-        self._requires_eval = True
         lib().llama_memory_clear(lib().llama_get_memory(self._ctx.ptr), True)
 
     def save_state(self) -> LlamaState:
@@ -191,7 +187,6 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         self.scores[:rows] = state.scores[:rows]
         self.input_ids = state.input_ids.copy()
         self.n_tokens = state.n_tokens
-        self._requires_eval = True
         self._seed = state.seed
 
     # -- evaluation and sampling --
@@ -212,7 +207,6 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
                 for j in range(len(batch)):
                     self.scores[n_past + j] = self._ctx.logits(j)
             self.n_tokens += len(batch)
-            self._requires_eval = False
 
     def _sampler(self, sp: SamplingParams, grammar: LlamaGrammar | None,
                  logits_processor: LogitsProcessorList | None) -> Sampler:
@@ -254,7 +248,6 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
             mem = lib().llama_get_memory(self._ctx.ptr)
             if keep > 0 and lib().llama_memory_seq_rm(mem, -1, keep, -1):
                 self.n_tokens = keep
-                self._requires_eval = True
                 if self.verbose:
                     logger.info("Llama.generate: %d prefix-match hit, remaining %d prompt tokens to eval",
                                 keep, len(tokens) - keep)

@@ -27,14 +27,15 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import gguf
 import numpy as np
 
-from ..paths import shard_paths
-from .spec import N_VOCAB, SyntheticSpec
 from .._lib import ffi, lib
-from .gguf import add_metadata, tensor_layout
-from .tensors import TensorDef, rng_for
+from ..paths import shard_paths
 from ..tools import tool_path
+from .spec import N_VOCAB, SyntheticSpec
+from .tensors import TensorDef, rng_for
+from .writer import add_metadata, tensor_layout
 
 ROUTER_COLS = 64   # router columns with random weights (the rest of each row is a hole)
 EMBD_ROWS = N_VOCAB  # token embedding rows with random weights: the byte vocabulary's ids (0..258)
@@ -90,14 +91,10 @@ def sparse_files_supported(directory: str | Path) -> bool:
 
 
 def _qtype(name: str):
-    import gguf
-
     return gguf.GGMLQuantizationType[name.upper()]
 
 
 def _nbytes(shape: tuple[int, ...], qtype) -> int:
-    import gguf
-
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     return math.prod(shape) // block * size
 
@@ -158,8 +155,6 @@ def _cut(sizes: list[int], n_shards: int) -> list[int]:
 
 def _write_sparse(spec: SyntheticSpec, tensors: list[TensorDef], types: dict[str, str], path: Path, n_shards: int,
                   *, data: bool) -> list[Path]:
-    import gguf
-
     qtypes = {t.name: _qtype(types[t.name]) for t in tensors}
     sizes = [_nbytes(t.shape, qtypes[t.name]) for t in tensors]
     shard_of = _cut(sizes, n_shards) if n_shards > 1 else [0] * len(tensors)
@@ -194,8 +189,6 @@ def _write_sparse(spec: SyntheticSpec, tensors: list[TensorDef], types: dict[str
 
 def _data(spec: SyntheticSpec, t: TensorDef, qtype) -> Iterable[tuple[int, bytes]]:
     """(offset in the tensor, bytes) of the data a sparse file writes for `t`; nothing for a hole."""
-    import gguf
-
     rng = rng_for(spec.seed, t.name)
     shape = tuple(reversed(t.shape))  # numpy order
     f32 = qtype == gguf.GGMLQuantizationType.F32

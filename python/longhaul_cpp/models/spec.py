@@ -1,5 +1,5 @@
 """Synthetic MoE GGUF models: what one is (SyntheticSpec). The file itself is written by
-`longhaul_cpp.models.gguf.make_model`:
+`longhaul_cpp.models.writer.make_model`:
 
     spec = SyntheticSpec(arch="qwen35moe", n_layer=4, n_expert=16, n_expert_used=4, expert_type="q4_0")
     paths = make_model(spec, "model.gguf", n_shards=3)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import gguf
+
 # Inkling (../shared/notes/inkling.md): real vocabulary 200058 ids, EOS = BOS = 200006
 INKLING_N_VOCAB = 200058
 INKLING_EOS_ID = 200006
@@ -111,8 +113,6 @@ def inkling_vocab(n_vocab_pad: int, *, added_tokens_decoder: bool = True) -> Bpe
     """The synthetic Inkling vocabulary: INKLING_N_VOCAB ids plus `n_vocab_pad` padded rows. The special ids
     come from INKLING_ADDED_TOKENS as an added_tokens_decoder, or (added_tokens_decoder=False: a tokenizer
     without one) from the conversion's fallback; the token texts are the same either way."""
-    import gguf
-
     table = bytes_to_unicode()
     tokens = [table[b] for b in range(256)]
     merges = []

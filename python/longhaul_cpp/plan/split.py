@@ -40,24 +40,6 @@ class Split:
                                    indent=1))
 
 
-def load_split(path: str | Path) -> list[int]:
-    """The per-layer slots (one entry per layer) of a file `longhaul-cpp plan --write-split` wrote."""
-    try:
-        data = json.loads(Path(path).read_text())
-        slots = data["layer_slots"]
-        if not isinstance(slots, list):
-            raise TypeError(f"\"layer_slots\" is a {type(slots).__name__}, not a list")
-        for n in slots:  # whole numbers only: no bool, float or string (int() would take True, 3.7 and "3")
-            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 2**31 - 1:
-                raise TypeError(f"\"layer_slots\" holds {n!r}, not a number of slots")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a split written by `longhaul-cpp plan --write-split` ({e}): it needs "
-                         "\"layer_slots\", a list of expert slots per layer") from e
-    if not slots:
-        raise ValueError(f"{path}: the split lists no layer")
-    return slots
-
-
 def layer_curves(run: RecordedRun, info: ModelInfo, counts: list[int], n_ubatch: int,
                  policy: CachePolicy | None = None, cache: Callable[[int, int], Any] = LruCache) -> dict[int, np.ndarray]:
     """Misses of each routed layer at each slot count (index = slots; counts not replayed are interpolated)."""

@@ -12,21 +12,19 @@ import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import gguf
 import numpy as np
 
 from ..paths import shard_paths
-from .spec import BOS_ID, EOS_ID, N_SPECIAL, N_VOCAB, UNK_ID, SyntheticSpec
 from .families import FAMILIES, add_family_metadata, family_tensors
+from .spec import BOS_ID, EOS_ID, N_SPECIAL, N_VOCAB, UNK_ID, SyntheticSpec
 from .tensors import TensorDef, rng_for, router_fill
 from .vocab import inkling_vocab, regular_token_count
-
 
 # ---- random tensors ---------------------------------------------------------------------------
 
 def _random_tensor(rng: np.random.Generator, shape: tuple[int, ...], std: float, t: str):
     """numpy-order `shape` (last axis = ggml ne0); returns (array, raw ggml type or None)."""
-    import gguf
-
     if t == "f32":
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)), None
     if t == "f16":
@@ -203,8 +201,6 @@ CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['ro
 
 
 def add_metadata(w, spec: SyntheticSpec) -> None:
-    import gguf
-
     a = spec.arch
     w.add_name(f"longhaul synthetic {a}")
     w.add_uint32(f"{a}.context_length", spec.n_ctx_train)
@@ -319,8 +315,6 @@ def make_model(spec: SyntheticSpec, path: str | Path, *, n_shards: int = 1,
 
     `progress(done, total)` is called after each tensor is generated.
     """
-    import gguf
-
     spec.validate()
     tensors = list(tensor_layout(spec))
     if not 1 <= n_shards <= len(tensors):
