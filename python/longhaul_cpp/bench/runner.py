@@ -120,8 +120,9 @@ def _models(cfg: BenchConfig, progress: Callable[[str], Callable[[int, int], Non
 
 def _model_record(path: Path, info: ModelInfo) -> dict[str, Any]:
     resident = info.file_bytes - info.routed_bytes
-    try:  # the read and staging buffers longhaul keeps outside the budget, as the library counts them
-        io_bytes = fit_longhaul_cache(path).io
+    try:  # the read buffers longhaul keeps outside the budget, as the library counts them: the most any run takes
+        # (the reads that bypass the page cache, which the sweep forces, take 4 MiB per reader)
+        io_bytes = fit_longhaul_cache(path, longhaul_flags=LonghaulFlag.DIRECT_IO).io
     except LlamaError:  # no budget fits this machine: the runs will say why
         io_bytes = 0
     return {"path": str(path), "file_gib": info.file_bytes / GIB, "routed_gib": info.routed_bytes / GIB,

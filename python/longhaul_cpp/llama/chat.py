@@ -235,12 +235,12 @@ class ChatMixin:
         check_messages(messages)
         return self._chat(**kw)
 
-    def _chat(llm, *, messages: Any, functions: Any, function_call: Any, tools: Any,
+    def _chat(self, *, messages: Any, functions: Any, function_call: Any, tools: Any,
              tool_choice: Any, stream: bool, stop: Any, response_format: Any, grammar: Any, logprobs: Any,
              top_logprobs: Any, **kw: Any) -> Any:
-        result = llm._formatter(messages, {"functions": functions, "function_call": function_call, "tools": tools,
+        result = self._formatter(messages, {"functions": functions, "function_call": function_call, "tools": tools,
                                       "tool_choice": tool_choice})
-        prompt = llm.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
+        prompt = self.tokenize(result.prompt.encode("utf-8"), add_bos=not result.added_special, special=True)
         stop = ([] if stop is None else [stop] if isinstance(stop, str) else list(stop)) + result.stop
         criteria = None
         if result.stop_token_ids:
@@ -263,7 +263,7 @@ class ChatMixin:
                 grammar = LlamaGrammar.from_json_schema(json.dumps(tool["function"]["parameters"]))
             except (ValueError, KeyError):
                 grammar = LlamaGrammar.from_string(JSON_GBNF)
-        out = llm.create_completion(prompt=prompt, logprobs=top_logprobs if logprobs else None, stream=stream, stop=stop,
+        out = self.create_completion(prompt=prompt, logprobs=top_logprobs if logprobs else None, stream=stream, stop=stop,
                                     stopping_criteria=criteria, grammar=grammar, **kw)
         if tool is not None:
             return _tool_call(tool["function"]["name"], out, stream)

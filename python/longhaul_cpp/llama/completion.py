@@ -104,32 +104,32 @@ class CompletionMixin:
 
     __call__ = create_completion
 
-    def _prompt_tokens(llm, req: Request) -> list[int]:
-        L, vocab = lib(), llm._model._vocab
+    def _prompt_tokens(self, req: Request) -> list[int]:
+        L, vocab = lib(), self._model._vocab
         prompt = req.prompt
         if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (str, list, tuple)):
             raise ValueError("prompt must be a str or a list of token ids")
         if isinstance(prompt, str):
-            bos = llm.token_bos()
+            bos = self.token_bos()
             head = [bos] if L.llama_vocab_get_add_bos(vocab) and bos != -1 else []
-            body = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=req.suffix is None) if prompt else []
+            body = self.tokenize(prompt.encode("utf-8"), add_bos=False, special=req.suffix is None) if prompt else []
             sep = int(L.llama_vocab_sep(vocab))
-            tail = [sep if sep != -1 else llm.token_eos()] if L.llama_vocab_get_add_eos(vocab) or sep != -1 else []
+            tail = [sep if sep != -1 else self.token_eos()] if L.llama_vocab_get_add_eos(vocab) or sep != -1 else []
         else:
             body = [int(t) for t in prompt]
-            bad = [t for t in body if not 0 <= t < llm._n_vocab]
+            bad = [t for t in body if not 0 <= t < self._n_vocab]
             if bad:
-                raise ValueError(f"prompt token ids out of range [0, {llm._n_vocab}): {bad[:5]}")
+                raise ValueError(f"prompt token ids out of range [0, {self._n_vocab}): {bad[:5]}")
             head, tail = [], []
         if req.suffix is not None:
             pre, suf, mid = (int(f(vocab)) for f in (L.llama_vocab_fim_pre, L.llama_vocab_fim_suf, L.llama_vocab_fim_mid))
             if -1 in (pre, suf, mid):
                 raise ValueError("suffix= (fill in the middle) needs a model with FIM tokens (tokenizer.ggml.fim_pre/suf/"
                                  "mid_token_id); this one has none: leave suffix out")
-            s = llm.tokenize(req.suffix.encode("utf-8"), add_bos=False, special=False)
-            parts = [[suf] + s, [pre] + body] if llm.spm_infill else [[pre] + body, [suf] + s]
+            s = self.tokenize(req.suffix.encode("utf-8"), add_bos=False, special=False)
+            parts = [[suf] + s, [pre] + body] if self.spm_infill else [[pre] + body, [suf] + s]
             body = parts[0] + parts[1] + [mid]
-            head = [llm.token_bos()] if L.llama_vocab_get_add_bos(vocab) and llm.token_bos() != -1 else []
+            head = [self.token_bos()] if L.llama_vocab_get_add_bos(vocab) and self.token_bos() != -1 else []
             tail = []
         tokens = head + body + tail
         if not tokens:
@@ -137,11 +137,11 @@ class CompletionMixin:
         return tokens
 
 
-    def _completion_chunks(llm, req: Request) -> Iterator[Chunk]:
+    def _completion_chunks(self, req: Request) -> Iterator[Chunk]:
         """Checks the request now (errors raise at the call, streamed or not) and returns the chunks' iterator:
         one whole response, or the streamed chunks."""
-        tokens = llm._prompt_tokens(req)
-        n_ctx = llm._n_ctx
+        tokens = self._prompt_tokens(req)
+        n_ctx = self._n_ctx
         if len(tokens) >= n_ctx:
             raise ValueError(f"Requested tokens ({len(tokens)}) exceed context window of {n_ctx}")
         mt = req.max_tokens
@@ -154,7 +154,7 @@ class CompletionMixin:
         if req.logprobs is not None:
             if isinstance(req.logprobs, bool) or not isinstance(req.logprobs, int) or req.logprobs < 0:
                 raise ValueError(f"logprobs must be None or an integer >= 0, got {req.logprobs!r}")
-            if not llm._logits_all:
+            if not self._logits_all:
                 raise ValueError("logprobs is not supported for models created with logits_all=False")
         processors = req.logits_processor
         if req.logit_bias:
@@ -166,15 +166,15 @@ class CompletionMixin:
                     out[t] = scores[t] + b
                 return out
             processors = LogitsProcessorList([*(processors or []), add_bias])
-        if tokens[:2] == [llm.token_bos()] * 2:
-            warnings.warn(f'Detected duplicate leading "{llm._model.token_get_text(llm.token_bos())}" in prompt, this '
+        if tokens[:2] == [self.token_bos()] * 2:
+            warnings.warn(f'Detected duplicate leading "{self._model.token_get_text(self.token_bos())}" in prompt, this '
                           "will likely reduce response quality, consider removing it...", RuntimeWarning, stacklevel=3)
-        llm._next_seed(req.seed)
-        gen = llm.generate(tokens, **req.sampling, stopping_criteria=req.stopping_criteria, logits_processor=processors,
+        self._next_seed(req.seed)
+        gen = self.generate(tokens, **req.sampling, stopping_criteria=req.stopping_criteria, logits_processor=processors,
                            grammar=req.grammar)
         head = {"id": f"cmpl-{uuid.uuid4()}", "object": "text_completion", "created": int(time.time()),
-                "model": req.model if req.model is not None else llm.model_path}
-        return _Completion(llm, req, tokens, limit, [s.encode("utf-8") for s in stops], gen, head).chunks()
+                "model": req.model if req.model is not None else self.model_path}
+        return _Completion(self, req, tokens, limit, [s.encode("utf-8") for s in stops], gen, head).chunks()
 
 
 class _Completion:

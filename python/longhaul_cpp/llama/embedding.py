@@ -34,13 +34,13 @@ class EmbeddingMixin:
         def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]: ...
         def reset(self) -> None: ...
 
-    def embed(llm, input: str | list[str], normalize: bool = False, truncate: bool = True,  # noqa: A002
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True,  # noqa: A002
               return_count: bool = False) -> Any:
-        if not llm.context_params.get("embeddings"):
+        if not self.context_params.get("embeddings"):
             raise RuntimeError("Llama model must be created with embedding=True to call this method")
-        L, ctx = lib(), llm._ctx
-        n_embd, n_batch = llm.n_embd(), llm.n_batch
-        n_seq_max = int(llm.context_params.get("n_seq_max", 1))
+        L, ctx = lib(), self._ctx
+        n_embd, n_batch = self.n_embd(), self.n_batch
+        n_seq_max = int(self.context_params.get("n_seq_max", 1))
         pooled = int(L.llama_pooling_type(ctx.ptr)) != POOLING_NONE
         data: list[Any] = []
         mem = L.llama_get_memory(ctx.ptr)
@@ -79,7 +79,7 @@ class EmbeddingMixin:
         inputs = [input] if isinstance(input, str) else list(input)
         total, seqs, n_tok = 0, [], 0
         for text in inputs:
-            toks = llm.tokenize(text.encode("utf-8"))
+            toks = self.tokenize(text.encode("utf-8"))
             if truncate:
                 toks = toks[:n_batch]
             if len(toks) > n_batch:
@@ -92,13 +92,13 @@ class EmbeddingMixin:
             n_tok += len(toks)
         run(seqs)
         L.llama_memory_clear(mem, True)
-        llm.reset()
+        self.reset()
         out = data[0] if isinstance(input, str) else data
         return (out, total) if return_count else out
 
 
-    def create_embedding(llm, input: str | list[str], model: str | None = None) -> dict[str, Any]:  # noqa: A002
-        embeds, total = llm.embed(input if isinstance(input, list) else [input], return_count=True)
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:  # noqa: A002
+        embeds, total = self.embed(input if isinstance(input, list) else [input], return_count=True)
         return {"object": "list", "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeds)],
-                "model": model if model is not None else llm.model_path,
+                "model": model if model is not None else self.model_path,
                 "usage": {"prompt_tokens": total, "total_tokens": total}}
