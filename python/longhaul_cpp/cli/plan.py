@@ -10,7 +10,11 @@ import numpy as np
 
 from ..model import Model
 from ..params import LonghaulFlag
-from ..plan import make_plan, random_prompt
+from ..longhaul import is_auto_budget, parse_cache_size
+from ..modelinfo import inspect_model
+from ..plan import Plan, knee, make_plan, measure_bandwidth, predict, random_prompt
+from ..plan.recommend import Recommendation, as_json, gain, recommend, table as rec_table
+from ..plan.trace import load_routing, save_routing
 from ..longhaul import GIB, MIB
 from ..longhaul import size_arg, size_text
 from ..plan.report import plot, shown_rows, table, to_json
@@ -23,7 +27,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "library's per-layer LRU and the optimal (Belady) policy at every budget from one slot per "
                        "layer to every expert, and predicts tokens/s from the run's compute time and the disk's "
                        "bandwidth. See docs/planner.md.")
-    p.add_argument("model", help="GGUF file (the first shard of a split model)")
+    p.add_argument("model", nargs="?", help="GGUF file (the first shard of a split model)")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL", help="the same as the positional MODEL")
+    p.add_argument("--routing", metavar="FILE", help="replay this routing trace instead of recording a run: routing "
+                   "recorded by another engine or machine, or a published one, in the text format of "
+                   "docs/routing-trace.md (the model, when given, supplies the expert sizes; predictions count the "
+                   "reads only, the trace carrying no compute times)")
+    p.add_argument("--save-routing", metavar="FILE", help="also write the run's routing to FILE in that format")
     p.add_argument("--prompt-file", help="text file whose content is the prompt (default: --n-prompt random tokens, "
                    "as llama-bench)")
     p.add_argument("-p", "--n-prompt", type=int, default=512, help="random prompt tokens without --prompt-file "
@@ -35,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "own read rate (the model's pages as cached now); default: measured with random expert reads "
                    "(dropping the page cache first needs root)")
     p.add_argument("-t", "--threads", type=int, default=min(os.cpu_count() or 1, 8))
-    p.add_argument("-ub", "--n-ubatch", type=int, default=512)
+    p.add_argument("-ub", "--n-ubatch", type=int, default=None, help="ubatch of the run (default 512; a trace: "
+                   "its own n_ubatch, else 512)")
     p.add_argument("--json", metavar="FILE", help="write every budget's row to FILE")
     p.add_argument("--plot", metavar="FILE", help="draw hit rates and predicted t/s to FILE (needs matplotlib)")
     p.add_argument("--all", action="store_true", help="print every budget, not a selection")
@@ -56,7 +67,34 @@ def _prompt(args: argparse.Namespace) -> np.ndarray:
     return toks
 
 
+def _trace_plan(args: argparse.Namespace, bandwidth: float | str | None) -> Plan:
+    """The plan of a routing trace (--routing): replayed, not run; the model, when given, measures the disk."""
+    info = inspect_model(args.model) if args.model else None
+    if bandwidth == "run":
+        raise ValueError("--bandwidth run needs a recorded run: a routing trace has no read times; give MiB/s")
+    if bandwidth is None and info is None:
+        raise ValueError("a routing trace without a model (-m MODEL) needs --bandwidth MiB/s: there is no file to "
+                         "measure the disk with")
+    budget = None
+    if args.longhaul_cache:
+        if is_auto_budget(args.longhaul_cache):
+            raise ValueError("--longhaul-cache auto measures a load of the model; with --routing give a size")
+        budget = parse_cache_size(args.longhaul_cache)
+    run, info = load_routing(args.routing, info, n_ubatch=args.n_ubatch, budget=budget)
+    if isinstance(bandwidth, float):
+        source = "given (--bandwidth)"
+    else:
+        bandwidth, source = measure_bandwidth(info.path, threads=min(8, os.cpu_count() or 1) + 1)
+    rows = predict(run, info, bandwidth)
+    return Plan(info=info, run=run, bandwidth=bandwidth, bandwidth_source=source, rows=rows, knee=knee(rows), check={})
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.model and args.model_opt and args.model != args.model_opt:
+        raise ValueError("give the model once: as MODEL or as -m MODEL")
+    args.model = args.model or args.model_opt
+    if not args.model and not args.routing:
+        raise ValueError("plan needs a model (MODEL or -m MODEL), or a routing trace (--routing FILE)")
     if args.n_predict < 0:
         raise ValueError("-n must not be negative")
     bandwidth: float | str | None = None
@@ -69,15 +107,28 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--bandwidth '{args.bandwidth}' must be MiB/s above 0, or 'run'")
     elif args.bandwidth == "run":
         bandwidth = "run"
-    prompt = _prompt(args)
-    budget = args.longhaul_cache or None  # a size or auto: resolved for the run's context (record_run)
-    print(f"recording {len(prompt)} prompt tokens and {args.n_predict} generated tokens in longhaul mode ...",
-          flush=True)
-    p = make_plan(args.model, prompt, args.n_predict, n_threads=args.threads, budget=budget,
-                  bandwidth=bandwidth, n_ubatch=args.n_ubatch)
-    info, r = p.info, p.run
+    if args.routing:
+        p = _trace_plan(args, bandwidth)
+        r = p.run
+        print(f"routing trace {args.routing}: {r.n_prompt} prompt and {r.n_gen} generated tokens, replayed at a "
+              f"ubatch of {r.n_ubatch_eff}; no compute times, so the t/s below count the reads alone")
+    else:
+        prompt = _prompt(args)
+        budget = args.longhaul_cache or None  # a size or auto: resolved for the run's context (record_run)
+        print(f"recording {len(prompt)} prompt tokens and {args.n_predict} generated tokens in longhaul mode ...",
+              flush=True)
+        p = make_plan(args.model, prompt, args.n_predict, n_threads=args.threads, budget=budget,
+                      bandwidth=bandwidth, n_ubatch=args.n_ubatch or 512)
+        r = p.run
+    info = p.info
     print(f"model {info.path.name}: {info.n_expert} experts (top-{info.n_expert_used}) in {len(info.expert_bytes)} "
           f"routed layers, {info.routed_bytes / GIB:.3f} GiB of routed experts")
+    if args.save_routing:
+        save_routing(r, info, args.save_routing)
+        print(f"wrote the routing to {args.save_routing} (replay it with --routing)")
+    if args.routing:
+        print(f"disk bandwidth {p.bandwidth / MIB:.0f} MiB/s ({p.bandwidth_source})")
+        return _outputs(args, p, _report(args, p))
     for name, ph in (("prompt", r.prompt), ("generation", r.gen)):
         if ph.n_tokens:
             print(f"run at {size_text(r.budget)}: {name} {ph.n_tokens} tokens in {ph.seconds:.2f} s, waited "
@@ -95,6 +146,12 @@ def run(args: argparse.Namespace) -> int:
              " (they differ: the run prefetched across layers (--longhaul-prefetch), which the replay does not model)"
              if r.flags & LonghaulFlag.PREFETCH else
              " (they differ, and the replay models every switch of this run: please report it with this output)"))
+    return _outputs(args, p, _report(args, p))
+
+
+def _report(args: argparse.Namespace, p: Plan) -> Recommendation:
+    """The budget table and the replacement / split recommendation (and --write-split)."""
+    info, r = p.info, p.run
     rows = p.rows if args.all else shown_rows(p.rows, info.n_expert_used, [p.knee])
     print(table(rows, p.knee))
     if p.knee is not None:
@@ -103,7 +160,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("no knee: predicted time per token falls about evenly with every slot added (routing spread over the "
               "experts); the budget buys speed in proportion up to every expert")
-    from ..plan.recommend import as_json, gain, recommend, table as rec_table
     rec = recommend(r, info, r.budget, p.bandwidth)
     print(f"replacement and per-layer split at the run's budget, {size_text(r.budget)} (replayed; Belady is the "
           "bound no policy passes):")
@@ -122,6 +178,12 @@ def run(args: argparse.Namespace) -> int:
               f"{max(sp.slots.values())} slots per layer (even: {min(sp.even.values())}-{max(sp.even.values())}); "
               f"this routing reads {sp.bytes_split / MIB:.1f} MiB of experts with it, {sp.bytes_even / MIB:.1f} MiB "
               f"with the even split; wrote {args.write_split}")
+    return rec
+
+
+def _outputs(args: argparse.Namespace, p: Plan, rec: Recommendation) -> int:
+    """--json and --plot."""
+    info, r = p.info, p.run
     if args.json:
         to_json(p.rows, p.knee, {"model": str(info.path), "bandwidth_bytes_per_s": p.bandwidth,
                                  "record_budget": r.budget, "n_prompt": r.n_prompt, "n_gen": r.n_gen,

@@ -31,7 +31,7 @@ class Plan:
     bandwidth_source: str
     rows: list[BudgetRow]
     knee: BudgetRow | None
-    check: dict[int, tuple[int, int]]  # layer -> (replayed misses, measured misses) at the run's budget
+    check: dict[int, tuple[int, int]]  # layer -> (replayed misses, measured misses) at the run's budget (a trace: none)
 
     @property
     def check_exact(self) -> bool:

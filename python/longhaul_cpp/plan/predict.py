@@ -61,9 +61,10 @@ class PhaseModel:
         return cls(n_tokens=p.n_tokens, fixed_s=max(0.0, p.seconds - p.read_s), per_miss_s=0.0, exposed=1.0)
 
     def tokens_per_s(self, misses: int, bytes_read: float, bandwidth: float) -> float | None:
-        if self.n_tokens == 0:
+        seconds = self.fixed_s + self.per_miss_s * misses + self.exposed * bytes_read / bandwidth
+        if self.n_tokens == 0 or seconds <= 0:  # nothing to time (a trace without times that reads nothing)
             return None
-        return self.n_tokens / (self.fixed_s + self.per_miss_s * misses + self.exposed * bytes_read / bandwidth)
+        return self.n_tokens / seconds
 
 
 @dataclasses.dataclass

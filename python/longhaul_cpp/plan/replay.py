@@ -137,12 +137,22 @@ def replay_optimal(tokens: np.ndarray, calls: Sequence[int], n_slots: int, n_exp
     cached = np.zeros(n_expert, dtype=bool)
     for i, (ci, sel) in enumerate(ubs):
         misses[ci] += int(np.count_nonzero(~cached[sel]))
-        cached[sel] = True
-        held = np.flatnonzero(cached)
-        if len(held) > n_slots:  # keep the soonest needed
-            keep = held[np.argsort(next_after[i][held], kind="stable")[:n_slots]]
+        if len(sel) <= n_slots:
+            # the ubatch runs with all its experts in the slots at once: besides them, the cache kept only the
+            # soonest needed of what it held before (it cannot keep more and load them)
+            cached[sel] = False
+            held = np.flatnonzero(cached)
+            keep = held[np.argsort(next_after[i][held], kind="stable")[:n_slots - len(sel)]]
             cached[:] = False
             cached[keep] = True
+            cached[sel] = True
+            continue
+        # waves or stages (more experts than slots): the relaxation that keeps the soonest needed of all of them
+        cached[sel] = True
+        held = np.flatnonzero(cached)
+        keep = held[np.argsort(next_after[i][held], kind="stable")[:n_slots]]
+        cached[:] = False
+        cached[keep] = True
     return misses
 
 
