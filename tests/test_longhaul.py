@@ -229,6 +229,28 @@ def test_lru_evicts_with_a_small_cache(make_model) -> None:
         assert st.n_misses > st.n_slots  # experts were read again after eviction
 
 
+def test_stats_count_the_cached_experts(make_model) -> None:
+    """n_cached is the cache's occupancy: every miss into a free slot adds one (none is lost to a failed read
+    here), a full cache stays full, and a reset of the counters keeps it (the slots keep their experts)."""
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    for slots in (spec.n_expert_used, spec.n_expert):
+        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, slots)) as m:
+            assert m.longhaul_stats().total.n_cached == 0  # nothing is read before the first decode
+            with m.context(n_ctx=512, n_threads=2) as ctx:
+                list(ctx.greedy(m.tokenize(PROMPT[:12]), 2))
+            st = m.longhaul_stats()
+            for lay in st.layers:
+                assert lay.n_cached == lay.n_misses - lay.n_evictions <= lay.n_slots, lay
+                assert lay.n_cached == lay.n_slots or lay.n_evictions == 0
+            assert st.total.n_cached == sum(lay.n_cached for lay in st.layers) > 0
+            if slots == spec.n_expert:
+                assert st.total.n_cached < st.total.n_slots  # a short prompt selects only some experts
+            m.longhaul_stats_reset()
+            assert m.longhaul_stats().total.n_cached == st.total.n_cached
+            assert m.longhaul_stats().total.n_misses == 0
+
+
 def test_budget_is_required(make_model) -> None:
     path = make_model(arch="qwen3moe")[0]
     with pytest.raises(ValueError, match="give the expert cache budget of LoadMode.LONGHAUL"):

@@ -302,6 +302,18 @@ def test_bench_cold_and_warm(model) -> None:
     assert warm["longhaul_gib_read"] < cold["longhaul_gib_read"] / 2, (cold, warm)
 
 
+def test_bench_warmup_fills_a_cache_above_every_expert(model) -> None:
+    """With a budget above every expert, one warmup prompt selects only some of them: the warmup runs again while
+    a run still fills free slots, so that the timed runs (each a new random prompt) read nothing, as a normal load
+    reads nothing (issue 47: llama-bench compared a cache still filling with a warm normal load)."""
+    routed = inspect_model(model).routed_bytes
+    args = ["--longhaul-cache", "2", "--n-prompt", "4", "--n-gen", "0", "-o", "json"]
+    cold = json.loads(bench(model, *args, "-r", "1", "--no-warmup").stdout)[0]
+    assert 0 < cold["longhaul_gib_read"] * 2**30 < routed * 0.9, (cold, routed)  # a prompt selects some experts
+    warm = json.loads(bench(model, *args, "-r", "3").stdout)[0]
+    assert warm["longhaul_hit_rate"] == 1.0 and warm["longhaul_gib_read"] == 0, warm
+
+
 def test_bench_says_why_a_load_is_refused_without_verbose(model) -> None:
     r = bench(model, "--longhaul-cache", "0.00001", "--n-prompt", "8", "--n-gen", "0", "-r", "1")
     assert r.returncode != 0

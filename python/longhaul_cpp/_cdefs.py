@@ -272,6 +272,7 @@ struct llama_longhaul_stats {
     uint64_t bytes_prefetched;
     uint64_t bytes_prefetch_used;
     uint64_t bytes_prefetch_wasted;
+    uint64_t n_cached;
 };
 int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
 uint32_t llama_model_longhaul_flags(const struct llama_model * model);

@@ -121,6 +121,7 @@ class LayerStats:
     bytes_prefetched: int       # expert bytes read ahead by the cross-layer prefetch (LonghaulFlag.PREFETCH)
     bytes_prefetch_used: int    # of those, experts the layer's next synchronization selected
     bytes_prefetch_wasted: int  # of those, experts it did not select
+    n_cached: int               # slots holding an expert now (the occupancy: longhaul_stats_reset keeps it)
 
     @property
     def hit_rate(self) -> float:
