@@ -1,11 +1,15 @@
-"""`longhaul-cpp published NAME OUT_DIR`: a published MoE file at its real scale, without its weights (sparse)."""
+"""`longhaul-cpp published NAME OUT_DIR`: a published MoE file at its real scale: sparse (its inventory, no weights) or
+with every byte drawn in its type (--data random)."""
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+from pathlib import Path
 
 from ..longhaul import GIB, MIB
 from ..models.published import PUBLISHED, sparse_files_supported, write_published
+from .common import Progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -14,6 +18,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", nargs="?", choices=sorted(PUBLISHED), help="which published file")
     p.add_argument("out_dir", nargs="?", help="directory for the file (or its shards)")
     p.add_argument("--list", action="store_true", help="list the files it can write")
+    p.add_argument("--data", choices=("sparse", "random"), default="sparse",
+                   help="sparse (default): holes but for the embeddings and routers, a few MiB on disk; random: every "
+                   "tensor's bytes drawn in its type with the calibrated router, the file's full size on disk (for "
+                   "speed at real scale: longhaul-cpp bench --model FILE)")
     p.set_defaults(func=run)
 
 
@@ -24,9 +32,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.out_dir is None:
         raise ValueError("give the output directory: longhaul-cpp published NAME OUT_DIR")
-    from pathlib import Path
-
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    if args.data == "random":
+        return _write_random(args)
     if not sparse_files_supported(args.out_dir):
         raise ValueError(f"the filesystem of {args.out_dir} has no sparse files: the file would take its full size "
                          "on disk; use a directory on ext4, xfs, btrfs or tmpfs")
@@ -36,4 +44,15 @@ def run(args: argparse.Namespace) -> int:
     size = sum(p.stat().st_size for p in paths) / GIB
     disk = sum(p.stat().st_blocks * 512 for p in paths) / MIB
     print(f"{args.name}: {size:.2f} GiB in {len(paths)} file(s), {disk:.1f} MiB on disk", file=sys.stderr)
+    return 0
+
+
+def _write_random(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    paths = write_published(args.name, args.out_dir, data="random", progress=Progress(f"writing {args.name}"))
+    for p in paths:
+        print(p)
+    size = sum(p.stat().st_size for p in paths)
+    print(f"{args.name}: {size / GIB:.2f} GiB in {len(paths)} file(s), every byte written, "
+          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0

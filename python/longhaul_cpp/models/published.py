@@ -16,24 +16,28 @@ routing vary from token to token.
 - Shards: cut at the tensor that crosses each 1/n of the data, the first shard holding the metadata.
 
 The files take only a few MiB on disk where the filesystem supports sparse files (`sparse_files_supported`).
+With `data="random"` every byte is drawn in its tensor's type instead (random_data.py): a file of the real
+size on disk, whose reads cost what the real file's do, for speed at scale.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-from .._lib import ffi, lib
 from ..paths import shard_paths
 from ..tools import tool_path
 from .spec import N_VOCAB, SyntheticSpec
+from .random_data import quantize_rows, random_data
+from .routers import ROUTERS
 from .tensors import TensorDef, rng_for
 from .writer import add_metadata, tensor_layout
 
@@ -113,7 +117,7 @@ def quantized_types(pub: Published, llama_quantize: str | Path, workdir: str | P
     sparse source of the inventory, for the publisher's file type and rules."""
     tensors = list(tensor_layout(pub.spec))
     src = Path(workdir) / "source-f16.gguf"
-    _write_sparse(pub.spec, tensors, {t.name: _source_type(t) for t in tensors}, src, 1, data=False)
+    _write_sparse(pub.spec, tensors, {t.name: _source_type(t) for t in tensors}, src, 1, data="none")
     try:
         args = [a for o in pub.overrides for a in ("--tensor-type", o)]
         r = subprocess.run([str(llama_quantize), "--dry-run", *args, str(src), pub.ftype], capture_output=True,
@@ -133,15 +137,31 @@ def quantized_types(pub: Published, llama_quantize: str | Path, workdir: str | P
     return types
 
 
-def write_published(name: str, out_dir: str | Path, *, llama_quantize: str | Path | None = None) -> list[Path]:
-    """Write the published file `name` (a key of PUBLISHED) into out_dir, sparse; return its shard paths."""
-    if name not in PUBLISHED:
+def write_published(name: str | Published, out_dir: str | Path, *, llama_quantize: str | Path | None = None,
+                    data: str = "sparse", progress: Callable[[int, int], None] | None = None) -> list[Path]:
+    """Write the published file `name` (a key of PUBLISHED, or a Published) into out_dir; return its shard paths.
+    data: "sparse" (holes but for the embeddings' and routers' bytes that vary the routing) or "random" (every
+    byte drawn in its tensor's type, the routers calibrated: random_data; the file takes its full size on disk).
+    progress(done, total): bytes written so far (random data)."""
+    if data not in ("sparse", "random"):
+        raise ValueError(f"data '{data}': sparse or random")
+    if isinstance(name, str) and name not in PUBLISHED:
         raise ValueError(f"unknown published model '{name}': one of {', '.join(PUBLISHED)}")
-    pub = PUBLISHED[name]
+    pub = PUBLISHED[name] if isinstance(name, str) else name
+    label = name if isinstance(name, str) else pub.spec.arch
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     types = quantized_types(pub, llama_quantize or tool_path("llama-quantize"), out)
-    return _write_sparse(pub.spec, list(tensor_layout(pub.spec)), types, out / f"{name}.gguf", pub.n_shards, data=True)
+    spec = pub.spec
+    if data == "random":
+        spec = ROUTERS["calibrated"].spec(spec) if spec.router_skew == 0 else spec
+        need = sum(_nbytes(t.shape, _qtype(types[t.name])) for t in tensor_layout(spec))
+        free = shutil.disk_usage(out).free
+        if free < need + (64 << 20):
+            raise ValueError(f"{label} with random data takes {need / 2**30:.1f} GiB on disk and {out} has "
+                             f"{free / 2**30:.1f} GiB free: choose a directory with room, or the sparse file")
+    return _write_sparse(spec, list(tensor_layout(spec)), types, out / f"{label}.gguf", pub.n_shards, data=data,
+                         progress=progress)
 
 
 def _cut(sizes: list[int], n_shards: int) -> list[int]:
@@ -154,11 +174,14 @@ def _cut(sizes: list[int], n_shards: int) -> list[int]:
 
 
 def _write_sparse(spec: SyntheticSpec, tensors: list[TensorDef], types: dict[str, str], path: Path, n_shards: int,
-                  *, data: bool) -> list[Path]:
+                  *, data: str, progress: Callable[[int, int], None] | None = None) -> list[Path]:
+    """data: "none" (all holes), "sparse" (_data) or "random" (random_data: every byte)."""
     qtypes = {t.name: _qtype(types[t.name]) for t in tensors}
     sizes = [_nbytes(t.shape, qtypes[t.name]) for t in tensors]
     shard_of = _cut(sizes, n_shards) if n_shards > 1 else [0] * len(tensors)
     paths = shard_paths(path, n_shards)
+    pools: dict = {}
+    written, total = 0, sum(sizes)
     for i, p in enumerate(paths):
         w = gguf.GGUFWriter(p, spec.arch)
         if i == 0:
@@ -177,10 +200,14 @@ def _write_sparse(spec: SyntheticSpec, tensors: list[TensorDef], types: dict[str
         start = -(-f.tell() // ALIGNMENT) * ALIGNMENT
         offset = 0
         for t, n in mine:
-            if data:
-                for at, chunk in _data(spec, t, qtypes[t.name]):
-                    f.seek(start + offset + at)
-                    f.write(chunk)
+            chunks = (_data(spec, t, qtypes[t.name]) if data == "sparse" else
+                      random_data(spec, t, qtypes[t.name], pools) if data == "random" else ())
+            for at, chunk in chunks:
+                f.seek(start + offset + at)
+                f.write(chunk)
+                written += len(chunk)
+                if progress:
+                    progress(written, total)
             offset += -(-n // ALIGNMENT) * ALIGNMENT
         f.truncate(start + offset)
         w.close()
@@ -204,18 +231,3 @@ def _data(spec: SyntheticSpec, t: TensorDef, qtype) -> Iterable[tuple[int, bytes
     elif f32 and len(t.shape) == 1:
         arr = np.ones(shape, dtype=np.float32) if t.kind == "norm" else t.fill(rng, shape)
         yield 0, np.ascontiguousarray(arr, dtype=np.float32).tobytes()
-
-
-def quantize_rows(rows: np.ndarray, qtype) -> bytes:
-    """F32 rows [n, ne0] in a ggml type, by the library's ggml (ggml_quantize_chunk), with a flat importance
-    matrix for the types that need one."""
-    n, ne0 = rows.shape
-    rows = np.ascontiguousarray(rows, dtype=np.float32)
-    out = bytearray(_nbytes((ne0, n), qtype))
-    imatrix = np.ones(ne0, dtype=np.float32)
-    L = lib()
-    im = ffi.from_buffer("float[]", imatrix) if L.ggml_quantize_requires_imatrix(int(qtype)) else ffi.NULL
-    done = L.ggml_quantize_chunk(int(qtype), ffi.from_buffer("float[]", rows), ffi.from_buffer(out), 0, n, ne0, im)
-    if done != len(out):
-        raise RuntimeError(f"ggml_quantize_chunk wrote {done} bytes, expected {len(out)}")
-    return bytes(out)
