@@ -11,14 +11,16 @@
 #      without AVX): ggml logs the variant it loaded, which must be sse42 there, and the text must equal the
 #      native run's and the emulated normal load's.
 # Not part of CI: the cold build compiles 13 CPU variants (458 s here on 2 cores without ccache; seconds with it).
-# Needs qemu-user (apt-get install qemu-user) for step 4. Online for the build tools and the wheelhouse only.
+# Needs qemu-user for step 4: installed first when missing (as root; else the script says so and stops). Online
+# for that, the build tools and the wheelhouse only.
 # Usage: bash ci/wheel-linux.sh [OUT]   (default build/wheel-linux; the installed venv stays in OUT/venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 OUT=$(mkdir -p "${1:-build/wheel-linux}" && cd "${1:-build/wheel-linux}" && pwd)
-command -v qemu-x86_64 >/dev/null || { echo "ci/wheel-linux.sh: qemu-x86_64 not found (apt-get install qemu-user)" >&2; exit 2; }
+source ci/need.sh
+need qemu-x86_64 qemu-user
 export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 start=$(date +%s)
 say() { echo "ci/wheel-linux.sh [$(( $(date +%s) - start )) s]: $*"; }

@@ -10,7 +10,7 @@
 #      llama-server.exe in longhaul mode answers one /completion request over loopback, its text equal to the
 #      Linux wheel's llama-server's. Both wheels load the same CPU variant on this machine (logged), so the same
 #      kernels run and the texts are compared exactly.
-# Needs g++-mingw-w64-x86-64-posix and wine64 (ci/setup.sh installs both) and the Linux wheel's venv from
+# Needs g++-mingw-w64-x86-64-posix and wine64 (installed first when missing, as root) and the Linux wheel's venv from
 # ci/wheel-linux.sh (LINUX_VENV, default build/wheel-linux/venv). Not part of CI: the cold build compiles 13 CPU
 # variants and the server (506 s here on 2 cores without ccache; seconds with it).
 # Usage: bash ci/wheel-windows.sh [OUT]   (default build/wheel-windows)
@@ -20,9 +20,10 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 OUT=$(mkdir -p "${1:-build/wheel-windows}" && cd "${1:-build/wheel-windows}" && pwd)
 LINUX_VENV=$(realpath "${LINUX_VENV:-build/wheel-linux/venv}")
-command -v x86_64-w64-mingw32-g++-posix >/dev/null \
-    || { echo "ci/wheel-windows.sh: x86_64-w64-mingw32-g++-posix not found (apt-get install g++-mingw-w64-x86-64-posix)" >&2; exit 2; }
-WINE=$(command -v wine || command -v wine64) || { echo "ci/wheel-windows.sh: wine not found (apt-get install wine64)" >&2; exit 2; }
+source ci/need.sh
+need x86_64-w64-mingw32-g++-posix g++-mingw-w64-x86-64-posix
+command -v wine >/dev/null || need wine64 wine64
+WINE=$(command -v wine || command -v wine64)
 [ -x "$LINUX_VENV/bin/python" ] || { echo "ci/wheel-windows.sh: no Linux wheel venv at $LINUX_VENV: run ci/wheel-linux.sh first" >&2; exit 2; }
 export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 start=$(date +%s)

@@ -128,3 +128,23 @@ def test_windows_completion_runs_longhaul_under_wine(make_model, tmp_path, shard
     assert linux.returncode == 0
     # the Linux build's kernels may differ (its CPU features, not the Windows build's AVX2): printed, not asserted
     print(f"windows == linux: {_text(win_lh.stdout) == _text(linux.stdout)}")
+
+
+def test_wheel_scripts_set_up_what_they_need_or_say_so_first() -> None:
+    """ci/need.sh, which the wheel scripts source before they start: a command on PATH passes; a missing one is
+    installed as root (apt-get; LONGHAUL_NO_APT=1 stands for a machine without it here) or stops the script at once
+    with the package to install, before anything is built."""
+    need = ROOT / "ci" / "need.sh"
+    env = {**os.environ, "LONGHAUL_NO_APT": "1", "NEED_WHO": "ci/wheel-linux.sh"}
+    ok = subprocess.run(["bash", "-c", f"source {need}; need bash bash; echo started"], capture_output=True,
+                        text=True, env=env, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.strip() == "started", ok.stderr
+    r = subprocess.run(["bash", "-c", f"source {need}; need no-such-command-xyz qemu-user; echo started"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "started" not in r.stdout
+    assert "ci/wheel-linux.sh: no-such-command-xyz not found: install it first (as root: apt-get install qemu-user)" \
+        in r.stderr, r.stderr
+    for script in ("wheel-linux.sh", "wheel-windows.sh"):  # every dependency check goes through it, before the build
+        text = (ROOT / "ci" / script).read_text()
+        assert "source ci/need.sh" in text and text.index("source ci/need.sh") < text.index("-m pip")
+        assert "not found (apt-get install" not in text
