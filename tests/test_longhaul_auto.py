@@ -185,6 +185,32 @@ def test_auto_refused_with_the_shortfall(make_model, tmp_path) -> None:
     assert float(m.group(2)) > 0 and "the memory limit of cgroup" in log
 
 
+@needs_cap
+def test_a_fixed_budget_the_cap_cannot_hold_is_refused_at_load(make_model, tmp_path) -> None:
+    """A fixed budget above the memory the cgroup leaves (every expert, 214 MiB, under a 160 MiB cap) fails the
+    load with the numbers and a budget that fits, instead of the OOM killer ending a decode once enough experts
+    were read; the budget it names then runs under the same cap (issue 46, item 5)."""
+    model = _model(make_model, BIG)
+    every = str(BIG.budget_for(BIG.n_expert) / 2**30)
+    with MemoryCap(160 * MIB) as cap:
+        res = run_process(_completion(model, tmp_path / "log.txt", "--longhaul", "--longhaul-cache", every), cap=cap,
+                          timeout=600)
+        oom = cap.oom_killed()
+    log = (tmp_path / "log.txt").read_text(errors="replace")
+    assert res.returncode == 1 and not oom, (res.status, log[-3000:])
+    m = re.search(r"longhaul: the expert cache \(([0-9.]+) MiB\) and its read buffers \([0-9.]+ [KM]iB\) need more "
+                  r"than the ([0-9.]+) MiB this process may still use \(the memory limit of cgroup [^)]+\): filling "
+                  r"the cache would get the process killed; use a budget below ([0-9.]+) MiB", log)
+    assert m, log[-3000:]
+    assert float(m.group(1)) > float(m.group(2)) > float(m.group(3)) > 0
+    fits = f"{float(m.group(3)) * 0.6:.1f}MiB"  # room for the context besides
+    with MemoryCap(160 * MIB) as cap:
+        ok = run_process(_completion(model, tmp_path / "ok.txt", "--longhaul", "--longhaul-cache", fits), cap=cap,
+                         timeout=600)
+        oom = cap.oom_killed()
+    assert ok.returncode == 0 and not oom, (ok.status, (tmp_path / "ok.txt").read_text(errors="replace")[-3000:])
+
+
 def test_fit_refusal_is_a_llama_error(make_model) -> None:
     """Without a cap, a huge context (KV cache beyond the machine) is what leaves no room."""
     model = _model(make_model, TINY)
