@@ -43,23 +43,14 @@ def save_routing(run: RecordedRun, info: ModelInfo, path: str | Path) -> None:
              f"arch {info.arch}", f"n_expert {info.n_expert}", f"n_expert_used {info.n_expert_used}",
              f"n_ubatch {run.n_ubatch_eff or run.n_ubatch}", f"expert_bias {int(info.expert_bias)}"]
     lines += [f"expert_bytes {il} {b}" for il, b in sorted(info.expert_bytes.items())]
-    per_layer = {il: (ids, range(n_tok) if len(ids) == n_tok else out_pos) for il, ids in run.routing.layers.items()}
+    # each layer's rows by position: every token, or (the last layer) the outputs only
+    rows = {il: dict(zip(range(n_tok) if len(ids) == n_tok else out_pos, ids)) for il, ids in run.routing.layers.items()}
     for pos in range(n_tok):
         phase = "p" if pos < run.n_prompt else "g"
-        for il, (ids, positions) in per_layer.items():
-            at = _index(positions, pos)
-            if at is not None:
-                lines.append(f"{phase} {pos} {il} " + " ".join(str(int(e)) for e in ids[at]))
+        for il, by_pos in rows.items():
+            if pos in by_pos:
+                lines.append(f"{phase} {pos} {il} " + " ".join(str(int(e)) for e in by_pos[pos]))
     Path(path).write_text("\n".join(lines) + "\n")
-
-
-def _index(positions: range | list[int], pos: int) -> int | None:
-    if isinstance(positions, range):
-        return pos - positions.start if pos in positions else None
-    try:
-        return positions.index(pos)
-    except ValueError:
-        return None
 
 
 _INT = re.compile(r"^-?\d+$")
