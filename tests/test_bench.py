@@ -172,6 +172,13 @@ def test_bench_memory_cap_and_cold(make_model, tmp_path) -> None:
     assert any(x["expert_gib_read"] and x["expert_gib_read"] > 0 for x in cold)
     ttft = res["analysis"]["ttft_cold"]
     assert {t["load"] for t in ttft} == {"mmap", "longhaul"} and all(t["seconds"] > 0 for t in ttft)
+    # the budget --longhaul-cache auto picks inside the cap, and a run at it (the planner's recommendation runs too
+    # where the budget leaves experts out and the planner finds something better than the defaults)
+    auto = res["cap"]["auto_budget_gib"]
+    assert 0 < auto < 0.5
+    assert any(x["load"] == "longhaul" and x["budget_bytes"] == round(auto * 2**30) and not x["cold"] for x in capped)
+    assert all(x["major_faults_per_token"] is not None and x["major_faults_per_token"] >= 0 for x in capped)
+    assert "major faults/token" in (out / "results.md").read_text()
     # no sweep: the plot has nothing to put in a legend, and says nothing about it (a warning is an error here)
     r = run([BENCH[0], "-W", "error::UserWarning"] + BENCH[1:] + ["--report", str(out)], text=True)
     assert r.returncode == 0 and "UserWarning" not in r.stderr, r.stderr[-3000:]
@@ -229,6 +236,7 @@ def test_run_process_reports_io_and_rss(tmp_path) -> None:
     res = run_process([sys.executable, "-c", f"open({str(f)!r}, 'rb').read(); x = bytearray(64 * 2**20); "
                        "x[::4096] = b'1' * len(x[::4096]); import time; time.sleep(0.3)"])
     assert res.status == "ok" and res.returncode == 0
+    assert res.major_faults >= 0
     assert res.peak_rss >= 64 * 2**20
     assert res.read_bytes >= 4 * 2**20  # /proc/PID/io of the child, read before it is reaped
     # the tool's own peak, not this process's: a child forked from a big parent is not charged for it
@@ -237,6 +245,13 @@ def test_run_process_reports_io_and_rss(tmp_path) -> None:
     small = run_process([sys.executable, "-c", "import time; time.sleep(0.3)"])
     assert small.peak_rss < 100 * 2**20, small.peak_rss
     del big
+    # a mapped file out of the page cache: its pages come in as major faults, counted for the child
+    fd = os.open(f, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    mapped = run_process([sys.executable, "-c", f"import mmap; fh = open({str(f)!r}, 'rb'); m = mmap.mmap(fh.fileno(), "
+                          "0, prot=mmap.PROT_READ); print(sum(m[i] for i in range(0, len(m), 4096)))"])
+    assert mapped.status == "ok" and mapped.major_faults > 0, mapped
     bad = run_process([sys.executable, "-c", "import sys; sys.exit(3)"])
     assert bad.status == "failed" and bad.returncode == 3
     slow = run_process([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)

@@ -26,6 +26,7 @@ class ProcResult:
     peak_rss: int            # bytes: the process's own high-water mark (VmHWM), see run_process
     read_bytes: int          # bytes read from storage (/proc/PID/io), -1 when unknown
     cgroup_peak: int = -1    # bytes (memory.max_usage_in_bytes / memory.peak), -1 without a cap
+    major_faults: int = -1   # page faults that read from the storage (the child's own, from its exit), -1 unknown
     stdout: str = ""
     stderr_tail: str = ""
 
@@ -151,7 +152,7 @@ def run_process(argv: list[str], *, cap: MemoryCap | None = None, timeout: float
     elif p.returncode != 0 and cap is not None and (p.returncode == -signal.SIGKILL or cap.oom_killed()):
         state = "oom"
     return ProcResult(argv=argv, status=state, returncode=p.returncode, wall_s=wall, peak_rss=peak_rss,
-                      read_bytes=read_bytes, cgroup_peak=cap.peak() if cap is not None else -1,
+                      read_bytes=read_bytes, major_faults=ru.ru_majflt, cgroup_peak=cap.peak() if cap is not None else -1,
                       stdout="".join(out), stderr_tail="".join(err)[-2000:])
 
 

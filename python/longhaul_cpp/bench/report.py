@@ -37,8 +37,8 @@ def markdown(res: dict[str, Any]) -> str:
                "off": "through the page cache (--longhaul-direct-io off).",
                "auto": "as the library chose (--longhaul-direct-io auto)."}[res["sweep_direct_io"]]
         lines += ["The sweep's runs (and the planner's recorded run) read experts " + how, ""]
-    lines += ["| scenario | load | routing | state | test | t/s | hit rate | expert MiB/token | peak RSS GiB |",
-              "|---|---|---|---|---|---:|---:|---:|---:|"]
+    lines += ["| scenario | load | routing | state | test | t/s | hit rate | expert MiB/token | major faults/token "
+              "| peak RSS GiB |", "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
     for run in res["runs"]:
         r = dataclasses.asdict(run)
         state = ("cold" if r["cold"] else ("steady" if r["scenario"] in ("cap", "sweep") else "warm")) \
@@ -50,7 +50,7 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {r['scenario']} | {r['label']} | {r['routing']} | {state} | {r['test']} | {tps} | "
                      f"{_fmt(None if r['hit_rate'] is None else 100 * r['hit_rate'], '.0f')}"
                      f"{'' if r['hit_rate'] is None else ' %'} | {_fmt(per_tok, '.1f')} | "
-                     f"{_fmt(r['peak_rss_gib'], '.2f')} |")
+                     f"{_fmt(r.get('major_faults_per_token'), '.1f')} | {_fmt(r['peak_rss_gib'], '.2f')} |")
     lines += ["", "| target | goal | measured | met |", "|---|---:|---:|---|"]
     for t in res["analysis"]["targets"]:
         met = "-" if t["met"] is None else ("yes" if t["met"] else "**no**")

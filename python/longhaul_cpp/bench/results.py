@@ -36,6 +36,7 @@ class Run:
     cgroup_peak_gib: float | None = None
     disk_gib_read: float | None = None  # whole process, /proc/PID/io read_bytes
     wall_s: float | None = None
+    major_faults_per_token: float | None = None  # the process's major faults / every token it ran (warmup too)
     predicted_tokens_per_s: float | None = None  # the planner's prediction for this budget (sweep)
     note: str = ""
 

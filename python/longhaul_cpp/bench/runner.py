@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from ..params import LonghaulFlag
 from ..plan import predict, random_prompt, record_run
 from ..tools import tool_path
 from .analysis import analyse
+from .choices import auto_budget, recommended
 from .config import BENCH_MODELS, BenchConfig, BenchError
 from .models import bench_model
 from .process import MemoryCap, machine, run_process, warm_page_cache
@@ -62,6 +64,9 @@ def measure(scenario: str, label: str, routing: str, model: Path, n_prompt: int,
                 cgroup_peak_gib=res.cgroup_peak / GIB if res.cgroup_peak >= 0 else None,
                 disk_gib_read=res.read_bytes / GIB if res.read_bytes >= 0 else None, wall_s=res.wall_s)
     tests = [t for t in ((f"pp{n_prompt}", n_prompt), (f"tg{n_gen}", n_gen)) if t[1] > 0]
+    # the faults are the whole process's: spread over every token it ran, the warmup's included
+    ran = sum(n for _, n in tests) * ((1 if cold else reps) + (0 if cold else 1))
+    base["major_faults_per_token"] = res.major_faults / ran if res.major_faults >= 0 and ran else None
     rows: list[dict[str, Any]] = []
     if res.status == "ok":
         try:
@@ -163,6 +168,29 @@ def _predictions(model: Path, info: ModelInfo, budgets: list[int], cfg: BenchCon
     return {r.budget: {"pp": r.prompt_tps, "tg": r.gen_tps} for r in rows}
 
 
+def _chosen(cfg: BenchConfig, rec: dict[str, Any], info: ModelInfo, model: Path, routing: str, cap: MemoryCap,
+            runs: list[Run], log: Callable[[str], None]) -> None:
+    """The cap's runs at the budgets a user would choose: `--longhaul-cache auto` inside the cap, and the planner's
+    recommendation at that budget (when it differs from the defaults), steady state."""
+    pp, tg = cfg.n_prompt, cfg.n_gen
+    auto = auto_budget(model, cap, pp + tg)
+    rec["auto_budget_gib"] = auto / GIB
+    log(f"  --longhaul-cache auto under the cap: {auto / GIB:.2f} GiB")
+    runs += measure("cap", f"longhaul auto ({auto / GIB:.2f} GiB), steady", routing, model, pp, tg, threads=cfg.threads,
+                    load="longhaul", budget=auto, fraction=auto / max(info.routed_bytes, 1), reps=cfg.reps, cap=cap,
+                    timeout=cfg.capped_timeout, log=log)
+    if auto >= info.routed_bytes:
+        return  # every expert cached: nothing to replace
+    with tempfile.TemporaryDirectory() as tmp:
+        ch = recommended(model, info, auto, n_prompt=pp, n_gen=tg, threads=cfg.threads, bandwidth=None,
+                         split_file=Path(tmp) / "split.json", log=log)
+        rec["recommendation"] = dataclasses.asdict(ch) | {"args": [a for a in ch.args if not a.startswith(tmp)]}
+        if ch.args:
+            runs += measure("cap", f"longhaul auto, {ch.label}, steady", routing, model, pp, tg, threads=cfg.threads,
+                            load="longhaul", budget=auto, fraction=auto / max(info.routed_bytes, 1), reps=cfg.reps,
+                            cap=cap, timeout=cfg.capped_timeout, extra=ch.args, log=log)
+
+
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
               progress: Callable[[str], Callable[[int, int], None] | None] = lambda label: None) -> dict[str, Any]:
     models = _models(cfg, progress)
@@ -213,6 +241,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
                     runs += measure("cap", f"longhaul {budget / GIB:.2f} GiB, {kind}", r0, m0, n_p, n_g, threads=t,
                                     load="longhaul", budget=budget, fraction=frac, reps=cfg.reps, cold=cold, cap=cap,
                                     timeout=cfg.capped_timeout, log=log)
+            _chosen(cfg, res["cap"], info, m0, r0, cap, runs, log)
             # repacked weights are anonymous memory: they cannot be paged out under the cap
             runs += measure("cap", "normal, repacked (default)", r0, m0, 0, cfg.n_gen_capped, threads=t, reps=1,
                             cap=cap, timeout=min(cfg.capped_timeout, 300.0), log=log)
