@@ -2,13 +2,15 @@
 not the suite): a header whose layer or expert counts are out of range fails the load with the key and what is wrong
 (patch 0009: upstream's GGML_ASSERTs on these counts aborted; issue 46 found 35 of 320 mutated headers doing so),
 and the shards of a split model given in the wrong order, twice, from a split of another count or of another
-shape, or cut short fail the load naming the file or the tensor."""
+shape, or cut short fail the load naming the file or the tensor; a shard cut short under a running server fails the
+requests that read past its end, and the server keeps serving."""
 from __future__ import annotations
 
 import dataclasses
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import gguf
@@ -123,3 +125,46 @@ def test_a_shard_of_a_model_with_the_same_inventory_loads_as_in_a_normal_load(sp
                            text=True, timeout=120) for mode in ("normal", "longhaul")]
     assert all(o.returncode == 0 for o in outs), [o.stderr[-1500:] for o in outs]
     assert outs[0].stdout == outs[1].stdout and outs[0].stdout.startswith("loaded"), [o.stdout for o in outs]
+
+
+def test_shards_changed_while_a_server_runs(splits, tmp_path) -> None:
+    """llama-server in longhaul mode at one token's experts (every prompt reads) while its shards change: a shard cut
+    short fails the request that reads past its end, naming the file and offset, and the server keeps serving (the
+    next request that needs nothing from there, and every one after the shard is back, succeeds with the answer it
+    gave before); a shard grown at its end changes nothing; a shard replaced by a rename is not seen (the server
+    reads the file it opened)."""
+    from longhaul_cpp.soak.clients import complete
+    from longhaul_cpp.soak.run import SoakConfig, llama_server
+
+    own = splits[0]
+    for p in own:
+        shutil.copyfile(p, tmp_path / p.name)
+    first, third = tmp_path / own[0].name, tmp_path / own[2].name
+    cfg = SoakConfig(model=first, budget="", max_prompt=256, parallel=1)
+    budget = f"{SPEC.budget_for(SPEC.n_expert_used)}B"
+    prompt = "The shards of a split model change under a running server, " * 3
+
+    def ask() -> tuple[str, str, str]:
+        status, content, msg, _ = complete(base, prompt, n_predict=8, stream=False)
+        return status, content, msg
+
+    with llama_server(cfg, "--longhaul", "--longhaul-cache", budget) as (base, proc):
+        status, want, msg = ask()
+        assert status == "ok", msg
+        data = third.read_bytes()
+        with open(third, "r+b") as f:  # cut short in place: the open descriptor sees it
+            f.truncate(len(data) // 3)
+        status, _, msg = ask()
+        assert status == "fault" and third.name in msg and "offset" in msg, (status, msg)
+        with urllib.request.urlopen(base + "/health", timeout=10) as r:
+            assert r.status == 200
+        third.write_bytes(data)  # back: the same answer
+        assert ask() == ("ok", want, "")
+        with open(third, "ab") as f:  # grown: the tensors are where they were
+            f.write(b"\0" * 65536)
+        assert ask() == ("ok", want, "")
+        other = tmp_path / "other.gguf"
+        shutil.copyfile(splits[1][2], other)
+        other.replace(third)  # a new file under the name: the server keeps reading the one it opened
+        assert ask() == ("ok", want, "")
+        assert proc.poll() is None
