@@ -107,9 +107,21 @@ def check_file(name: str, paths: list[Path]) -> None:
     for i in range(len(paths)):
         assert max(off for s, off in layout.values() if s == i) > 4 * GIB, f"shard {i}: no bank past 4 GiB"
 
+    # what is published about the real file (Published.facts, with their sources in the module)
+    facts = dict(pub.facts)
+    assert facts, f"{name}: no published fact to check the inventory against"
+    if "file_gb" in facts:
+        assert abs(info.file_bytes / 1e9 / facts["file_gb"] - 1) < 0.01, (info.file_bytes / 1e9, facts["file_gb"])
+    if "shards" in facts:
+        assert len(paths) == facts["shards"]
+    if "slots_at_2gib" in facts:  # every layer, so each MoE layer runs a token in one stage when k fits
+        assert set(info.slots(2 * GIB).values()) == {facts["slots_at_2gib"]}, info.slots(2 * GIB)
+
     r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache", "2GiB"], text=True)
     assert r.returncode == 0, r.stderr
     per = sorted(set(info.slots(2 * GIB).values()))
+    if "slots_at_2gib" in facts and spec.n_expert_used <= facts["slots_at_2gib"]:
+        assert "1 stage(s) per MoE layer" in r.stdout, r.stdout
     assert f"{', '.join(map(str, per))} slots per layer" in r.stdout and "prompts:" in r.stdout, r.stdout
     assert "resident:" in r.stdout
     r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache", "auto", "-c", "256",

@@ -53,36 +53,49 @@ class Published:
     n_shards: int = 1
     overrides: tuple[str, ...] = ()  # llama-quantize --tensor-type rules (first match wins)
     source: str = ""                 # where the shapes come from
+    # what is published about the real file, checked against the inventory (tests/test_published.py): "file_gb" (its
+    # size in 10^9 bytes as the publisher lists it, within 1 %), "shards", "slots_at_2gib" (routed-expert slots per
+    # layer that a 2 GiB cache gives, every layer)
+    facts: tuple[tuple[str, float], ...] = ()
 
 
-# Unsloth's dynamic 1-bit recipe for large MoE files: routed gate/up IQ1_S, routed down IQ2_XXS, attention and the
-# shared experts Q4_K, the dense blocks' FFNs Q4_K (the base type's rules place the rest)
-UD_IQ1_S = ("ffn_(gate|up)_exps=iq1_s", "ffn_down_exps=iq2_xxs", r"attn_(q|k|v|output|r)\.weight=q4_k", "_shexps=q4_k",
-            r"blk\.[01]\.ffn_(gate|up|down)=q4_k")
+# Inkling-Small's UD-IQ1_S, as Unsloth's dynamic 2.0 mixes choose the routed experts' types per layer: the first and
+# last four MoE blocks (2-5, 38-41) keep their routed gate/up in IQ2_XXS, the others in IQ1_M, every routed down in
+# IQ3_XXS; attention, the shared experts and the dense blocks' FFNs Q4_K (the base type's rules place the rest).
+# Fitted to the one fact the spec gives about the file, 7 routed-expert slots per layer in a 2 GiB cache (FACTS):
+# 6.4-7.3 MiB per expert, 2.1-2.4 bits per routed weight. The first dynamic recipe (DeepSeek-R1's UD-IQ1_S: gate/up
+# IQ1_S, down IQ2_XXS) gives 5.2 MiB and 9 slots: the file keeps more of its experts at higher types.
+INKLING_UD_IQ1_S = (r"blk\.([2-5]|3[89]|4[01])\.ffn_(gate|up)_exps=iq2_xxs", "ffn_(gate|up)_exps=iq1_m",
+                    "ffn_down_exps=iq3_xxs", r"attn_(q|k|v|output|r)\.weight=q4_k", "_shexps=q4_k",
+                    r"blk\.[01]\.ffn_(gate|up|down)=q4_k")
 
 PUBLISHED: dict[str, Published] = {
     "gpt-oss-20b": Published(
         SyntheticSpec(arch="gpt-oss", n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, n_embd_head=64, n_expert=32,
                       n_expert_used=4, n_ff_exp=2880, n_ff=2880, n_swa=128, n_vocab_extra=201088 - N_VOCAB,
                       n_ctx_train=131072),
-        "MXFP4_MOE", 1, source="openai/gpt-oss-20b config.json; ggml-org/gpt-oss-20b-GGUF (mxfp4)"),
+        "MXFP4_MOE", 1, source="openai/gpt-oss-20b config.json; ggml-org/gpt-oss-20b-GGUF (mxfp4)",
+        facts=(("file_gb", 12.1), ("shards", 1))),
     "gpt-oss-120b": Published(
         SyntheticSpec(arch="gpt-oss", n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, n_embd_head=64, n_expert=128,
                       n_expert_used=4, n_ff_exp=2880, n_ff=2880, n_swa=128, n_vocab_extra=201088 - N_VOCAB,
                       n_ctx_train=131072),
-        "MXFP4_MOE", 3, source="openai/gpt-oss-120b config.json; ggml-org/gpt-oss-120b-GGUF (mxfp4, 3 shards)"),
+        "MXFP4_MOE", 3, source="openai/gpt-oss-120b config.json; ggml-org/gpt-oss-120b-GGUF (mxfp4, 3 shards)",
+        facts=(("shards", 3),)),
     "qwen3-30b-a3b-q4_k_m": Published(
         SyntheticSpec(arch="qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_embd_head=128,
                       n_expert=128, n_expert_used=8, n_ff_exp=768, n_ff=6144, n_vocab_extra=151936 - N_VOCAB,
                       n_ctx_train=40960),
-        "Q4_K_M", 1, source="Qwen/Qwen3-30B-A3B config.json; Q4_K_M by llama-quantize"),
+        "Q4_K_M", 1, source="Qwen/Qwen3-30B-A3B config.json; Q4_K_M by llama-quantize; Qwen/Qwen3-30B-A3B-GGUF lists "
+        "its Q4_K_M at 18.6 GB", facts=(("file_gb", 18.6), ("shards", 1))),
     "inkling-small-ud-iq1_s": Published(
         SyntheticSpec(arch="inkling", n_layer=42, n_embd=4096, n_head=32, n_head_kv=8, n_embd_head=128,
                       n_expert=256, n_expert_used=6, n_ff_exp=2048, n_ff_shexp=2048, n_ff=16384,
                       n_layer_dense_lead=2, full_attention_interval=6, n_swa=512, d_rel=16, rel_extent=1024,
                       rel_extent_swa=512, logit_scale_denom=16.0, vocab="inkling", n_vocab_pad=966,
                       n_ctx_train=131072),
-        "IQ1_S", 3, UD_IQ1_S, source="Inkling-Small (276B-A12B) published shapes; an Unsloth-style UD-IQ1_S mix"),
+        "IQ1_S", 3, INKLING_UD_IQ1_S, source="Inkling-Small (276B-A12B) published shapes; an Unsloth-style UD-IQ1_S "
+        "mix", facts=(("shards", 3), ("slots_at_2gib", 7))),
 }
 
 
