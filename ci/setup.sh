@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Machine set-up: ccache (optional, speeds up rebuilds), mingw-w64 (the Windows build), wine (runs
+# Machine set-up: ccache (optional, speeds up rebuilds), clang (the sanitizers and the fuzzer), mingw-w64 (the Windows build), wine (runs
 # the Windows build's unit tests), the Vulkan headers and shader compiler with Mesa's lavapipe (the
 # Vulkan variant and its tests). Everything the wheel build needs comes from PyPI through pip
 # (scikit-build-core, cmake, ninja, cffi, numpy, gguf).
@@ -11,6 +11,14 @@ if ! command -v ccache >/dev/null 2>&1; then
             || echo "ci/setup.sh: could not install ccache; building without it"
     else
         echo "ci/setup.sh: ccache not found; building without it"
+    fi
+fi
+# the sanitizers (ASan, UBSan, TSan) and libFuzzer of ci/sanitize.sh
+if ! command -v clang >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ci/setup.sh: installing clang (Debian package)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang) >/dev/null 2>&1 \
+            || echo "ci/setup.sh: could not install clang; the sanitizer and fuzzer tests will fail in CI"
     fi
 fi
 # the Windows code paths are compile-checked with mingw-w64 (tests/test_portability.py)

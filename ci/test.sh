@@ -56,11 +56,15 @@ echo "ci/test.sh: installed into $venv in $(( $(date +%s) - start )) s"
 # needs one calls its script, which waits for the running build (a lock per build folder) and then has nothing
 # left to do.
 bg=$(mktemp -d)
-bg_build() {  # name script folder
-    ( s=$(date +%s); nice -n 10 bash "ci/$2" "$3" >"$bg/$1.log" 2>&1; echo "$? $(( $(date +%s) - s ))" >"$bg/$1.rc" ) &
+bg_build() {  # name script arguments...
+    local name=$1
+    shift
+    ( s=$(date +%s); nice -n 10 bash "ci/$1" "${@:2}" >"$bg/$name.log" 2>&1; echo "$? $(( $(date +%s) - s ))" >"$bg/$name.rc" ) &
 }
 command -v x86_64-w64-mingw32-g++-posix >/dev/null && bg_build mingw mingw-build.sh "$PWD/build/mingw"
 command -v glslc >/dev/null && bg_build vulkan vulkan-build.sh "$PWD/build/vulkan"
+# the sanitized tree (ASan + UBSan, with the fuzzer): tests/test_sanitizers.py runs its short forms
+command -v clang >/dev/null && PYTHON="$venv/bin/python" bg_build asan sanitize.sh asan --short --build-only
 report_bg() {
     wait
     for f in "$bg"/*.rc; do

@@ -79,6 +79,24 @@ def test_inkling_matches_numpy_reference(inkling_model, reference, n_ubatch) -> 
     assert np.all(np.isneginf(logits[0][hp["unpadded_vocab_size"]:]))
 
 
+@pytest.mark.parametrize("layers", [{"n_layer": 2, "n_layer_dense_lead": 0, "full_attention_interval": 4},
+                                    {"full_attention_interval": 1}], ids=["no global layer", "no SWA layer"])
+def test_inkling_without_one_kind_of_attention_layer(make_model, layers) -> None:
+    """A model whose layers are all sliding-window (two layers, every fourth global) or all global leaves one input
+    of the graph unread, without a buffer. The fuzzer's first finding (ci/sanitize.sh fuzz, on the seed corpus's
+    two-layer Inkling model): a store through a null pointer, a segfault without the sanitizer. Both loads decode
+    such a model, and match the NumPy reference."""
+    spec = tiny_spec(**layers)
+    path = make_model(**dataclasses.asdict(spec))[0]
+    w, hp = ref.load(path)
+    prompt, logits, gen = _run(path, 16)
+    full = ref.forward(w, hp, prompt + gen)
+    n_p = len(prompt)
+    assert max(_rel_err(logits[s], full[n_p - 1 + s]) for s in range(N_DECODE + 1)) < REL_TOL
+    _, lh_logits, lh_gen = _run(path, 16, load_mode=LoadMode.LONGHAUL, longhaul_cache=1)
+    assert lh_gen == gen and all(np.array_equal(a, b) for a, b in zip(lh_logits, logits))
+
+
 def test_reference_is_sensitive_to_the_bias_and_convs(reference, inkling_model) -> None:
     """The test above would not notice a missing bias band or short conv if they did not matter."""
     w, hp = reference

@@ -1,0 +1,45 @@
+"""The short forms of ci/sanitize.sh (docs/testing.md, "Sanitizers, fuzzer, soak"): the series' C++ tests and a
+reduced Python set under AddressSanitizer + UndefinedBehaviorSanitizer, and the fuzzer over a longhaul load for
+60 s. ci/test.sh starts the sanitized build in the background; these wait for it (a lock per build folder)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+CLANG = shutil.which("clang")
+needs_clang = pytest.mark.skipif(CLANG is None and not os.environ.get("CI"),
+                                 reason="needs clang (apt-get install clang)")
+
+
+def _sanitize(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=sys.executable)
+    return subprocess.run(["bash", str(ROOT / "ci" / "sanitize.sh"), *args], capture_output=True, text=True,
+                          env=env, timeout=3600, cwd=ROOT)
+
+
+@pytest.mark.slow
+@needs_clang
+def test_series_under_address_and_undefined_behaviour_sanitizers() -> None:
+    r = _sanitize("asan", "--short")
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    assert "ci/sanitize.sh: asan: passed" in r.stdout
+
+
+@pytest.mark.slow
+@needs_clang
+def test_fuzzer_finds_nothing_in_a_minute(tmp_path) -> None:
+    env_out = tmp_path / "artifacts"
+    os.environ["FUZZ_ARTIFACTS"] = str(env_out)
+    try:
+        r = _sanitize("fuzz", "--short")
+    finally:
+        del os.environ["FUZZ_ARTIFACTS"]
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-6000:]
+    assert "stat::number_of_executed_units" in r.stdout
+    assert not list(env_out.glob("*")), "the fuzzer left inputs behind"
