@@ -64,6 +64,17 @@ def test_out_of_range_counts_fail_the_load(make_model, tmp_path, key: str, value
     assert message in r.stdout and "the file's header is damaged" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("mode", ["normal", "longhaul"])
+def test_an_unknown_gating_function_fails_the_load(make_model, tmp_path, mode: str) -> None:
+    """expert_gating_func outside the enum (the fuzzer's: 2^31-1) reached the MoE graph as an enum it cannot hold
+    (undefined behaviour, UBSan in ci/sanitize.sh); it now fails the load like the counts above."""
+    spec = dataclasses.replace(SPEC, arch="laguna", n_layer=3)
+    path = _mutant(make_model(**dataclasses.asdict(spec))[0], tmp_path, "laguna.expert_gating_func", BIG)
+    r = subprocess.run([sys.executable, "-c", LOAD, str(path), mode], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert f"laguna.expert_gating_func = {BIG} is no gating function" in r.stdout, r.stdout
+
+
 def test_the_unmutated_file_loads(make_model, tmp_path) -> None:
     """The mutation itself leaves a valid file valid (the same value written back)."""
     src = make_model(**dataclasses.asdict(SPEC))[0]
