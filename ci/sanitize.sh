@@ -51,7 +51,12 @@ build() {
         flags="-fsanitize=thread"
     fi
     # -DNDEBUG as a release build has it (ggml's assert()s on data, e.g. a NaN norm, are debug checks; GGML_ASSERT stays)
-    flags="$flags -fno-omit-frame-pointer -g1 -O1 -DNDEBUG -shared-libsan"
+    # ASan: its runtime shared (-shared-libsan), so Python can preload it for the sanitized libllama; TSan: linked into
+    # the executables (its shared runtime is not ready when libstdc++'s constructors call __cxa_atexit: a crash at
+    # start), the libraries' __tsan_* calls resolved from the executable (only C++ programs run under TSan here)
+    local libsan=-shared-libsan
+    [ "$san" = tsan ] && libsan=""
+    flags="$flags -fno-omit-frame-pointer -g1 -O1 -DNDEBUG $libsan"
     command -v ccache >/dev/null && launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
     if command -v ninja >/dev/null || "$PY" -c "import ninja" 2>/dev/null; then
         gen=(-G Ninja)
@@ -67,7 +72,7 @@ build() {
     rt=$(dirname "$(clang -print-file-name=libclang_rt.asan-x86_64.so)")
     CC=clang CXX=clang++ cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" "${level[@]}" \
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS_RELEASE="$flags" -DCMAKE_CXX_FLAGS_RELEASE="$flags" \
-        -DCMAKE_EXE_LINKER_FLAGS="-shared-libsan -Wl,-rpath,$rt" -DCMAKE_SHARED_LINKER_FLAGS="-shared-libsan -Wl,-rpath,$rt" \
+        -DCMAKE_EXE_LINKER_FLAGS="$libsan -Wl,-rpath,$rt" -DCMAKE_SHARED_LINKER_FLAGS="$libsan -Wl,-rpath,$rt" \
         -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_APP=OFF >"$BUILD.cmake.log"

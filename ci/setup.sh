@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Machine set-up: ccache (optional, speeds up rebuilds), clang (the sanitizers and the fuzzer), mingw-w64 (the Windows build), wine (runs
+# Machine set-up: ccache (optional, speeds up rebuilds), clang (the sanitizers and the fuzzer), LLVM's Mach-O tools
+# (the macOS cross build's checks; zig itself comes from PyPI, ci/zig-python.sh), mingw-w64 (the Windows build), wine (runs
 # the Windows build's unit tests), the Vulkan headers and shader compiler with Mesa's lavapipe (the
 # Vulkan variant and its tests). Everything the wheel build needs comes from PyPI through pip
 # (scikit-build-core, cmake, ninja, cffi, numpy, gguf).
@@ -19,6 +20,14 @@ if ! command -v clang >/dev/null 2>&1; then
         echo "ci/setup.sh: installing clang (Debian package)"
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang) >/dev/null 2>&1 \
             || echo "ci/setup.sh: could not install clang; the sanitizer and fuzzer tests will fail in CI"
+    fi
+fi
+# LLVM's otool and nm read the macOS cross build's Mach-O files (ci/macho_check.py)
+if ! command -v llvm-otool-14 >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "ci/setup.sh: installing llvm-14 (Debian package)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq llvm-14) >/dev/null 2>&1 \
+            || echo "ci/setup.sh: could not install llvm-14; the macOS checks will fail in CI"
     fi
 fi
 # the Windows code paths are compile-checked with mingw-w64 (tests/test_portability.py)

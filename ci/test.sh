@@ -65,6 +65,8 @@ command -v x86_64-w64-mingw32-g++-posix >/dev/null && bg_build mingw mingw-build
 command -v glslc >/dev/null && bg_build vulkan vulkan-build.sh "$PWD/build/vulkan"
 # the sanitized tree (ASan + UBSan, with the fuzzer): tests/test_sanitizers.py runs its short forms
 command -v clang >/dev/null && PYTHON="$venv/bin/python" bg_build asan sanitize.sh asan --short --build-only
+# macOS arm64 with zig (its own venv, ci/zig-python.sh): tests/test_macos_cross.py checks the result
+command -v llvm-otool-14 >/dev/null && bg_build macos macos-cross.sh arm64 "$PWD/build/macos-arm64"
 report_bg() {
     wait
     for f in "$bg"/*.rc; do

@@ -1,8 +1,10 @@
-"""Checks a built wheel's tag and contents (issue 37): ci/wheel-linux.sh and ci/wheel-windows.sh.
+"""Checks a built wheel's tag and contents (issues 37, 49): ci/wheel-linux.sh, ci/wheel-windows.sh, ci/wheel-macos.sh.
 
     python ci/wheel_check.py linux WHEEL     # tag, the tools, libllama, the CPU variants beside the tools
     python ci/wheel_check.py windows WHEEL   # the same for win_amd64, and every DLL each program and library
                                              # imports is in the wheel or a Windows system DLL (objdump -p)
+    python ci/wheel_check.py macos-arm64 WHEEL  # macosx_11_0_arm64 (or macos-x86_64), the tools, the dylibs, the
+                                             # Apple CPU modules (the Mach-O checks: ci/macho_check.py)
 
 Prints what it found; exits 1 naming what is wrong.
 """
@@ -109,14 +111,36 @@ def check_windows(path: Path, objdump: str) -> None:
     print(f"Windows DLLs imported: {', '.join(sorted(imported - shipped))}")
 
 
+def check_macos(path: Path, arch: str) -> None:
+    """The tag, the tools, the libraries and the CPU modules; the Mach-O checks are ci/macho_check.py's."""
+    with zipfile.ZipFile(path) as whl:
+        check_tag(path, whl, rf"macosx_11_0_{arch}")
+        bins, libs = members(whl, "longhaul_cpp/bin"), members(whl, "longhaul_cpp/lib")
+        names = whl.namelist()
+    missing = [t for t in TOOLS if t not in bins]
+    missing += [lib for lib in ("libllama.dylib", "libggml.dylib", "libggml-base.dylib") if lib not in libs]
+    missing += [f for f in ("longhaul_cpp/__init__.py", "longhaul_cpp/_lib.py") if f not in names]
+    if missing:
+        fail(f"missing from the wheel: {missing}")
+    variants = sorted(b for b in bins if re.fullmatch(r"libggml-cpu-.+\.so", b))
+    want = ("apple_m1", "apple_m2_m3", "apple_m4") if arch == "arm64" else ("x64", "sse42", "haswell")
+    if not all(f"libggml-cpu-{v}.so" in variants for v in want):
+        fail(f"the CPU modules beside the tools lack {want}: {variants}")
+    print(f"tools: {', '.join(TOOLS)}; libraries: {', '.join(libs)}")
+    print(f"CPU variants ({len(variants)}): {', '.join(v[len('libggml-cpu-'):-3] for v in variants)}")
+
+
 def main() -> None:
-    if len(sys.argv) != 3 or sys.argv[1] not in ("linux", "windows"):
-        fail("usage: wheel_check.py linux|windows WHEEL")
+    kinds = ("linux", "windows", "macos-arm64", "macos-x86_64")
+    if len(sys.argv) != 3 or sys.argv[1] not in kinds:
+        fail(f"usage: wheel_check.py {'|'.join(kinds)} WHEEL")
     path = Path(sys.argv[2])
     if sys.argv[1] == "linux":
         check_linux(path)
-    else:
+    elif sys.argv[1] == "windows":
         check_windows(path, "x86_64-w64-mingw32-objdump")
+    else:
+        check_macos(path, sys.argv[1].split("-", 1)[1])
     print(f"wheel_check: {path.name}: ok")
 
 

@@ -144,7 +144,7 @@ def test_wheel_scripts_set_up_what_they_need_or_say_so_first() -> None:
     assert r.returncode == 2 and "started" not in r.stdout
     assert "ci/wheel-linux.sh: no-such-command-xyz not found: install it first (as root: apt-get install qemu-user)" \
         in r.stderr, r.stderr
-    for script in ("wheel-linux.sh", "wheel-windows.sh"):  # every dependency check goes through it, before the build
+    for script in ("wheel-linux.sh", "wheel-windows.sh", "wheel-macos.sh"):  # every dependency check goes through it,
         text = (ROOT / "ci" / script).read_text()
         assert "source ci/need.sh" in text and text.index("source ci/need.sh") < text.index("-m pip")
         assert "not found (apt-get install" not in text
