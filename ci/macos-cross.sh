@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Cross-compile the patched tree for macOS 11.0+ with zig (PyPI ziglang; no Apple SDK): CPU only (no Metal, BLAS or
-# Accelerate), ggml's CPU variants as loadable modules (apple_m1, apple_m2_m3, apple_m4 on arm64; the x86-64 levels
-# on x86_64), libllama.dylib, the series' tests and the tools; the Metal backend's C++ files compiled on their own
-# (they need no Apple header). Then ci/macho_check.py checks every Mach-O file: its CPU, minimum macOS 11.0, every
-# imported symbol found in libSystem or a library of the build, no duplicate load command, install names and rpaths
-# that resolve inside the build folder, an ad-hoc code signature on arm64.
+# Cross-compile the package for macOS 11.0+ with zig (PyPI ziglang; no Apple SDK): CPU only (no Metal, BLAS or
+# Accelerate), one libllama.dylib with ggml inside (LONGHAUL_ONE_LIBRARY), the tools, the series' and upstream's
+# tests; the Metal backend's C++ files compiled on their own (they need no Apple header). Then ci/macho_check.py
+# checks every Mach-O file: its CPU, minimum macOS 11.0, every imported symbol found in libSystem or a library of the
+# package, no duplicate load command, install names and rpaths that resolve inside it, an ad-hoc signature on arm64.
 # Compiled and linked only: nothing here runs a Mach-O binary (docs/portability.md).
 # Usage: bash ci/macos-cross.sh [arm64|x86_64] [BUILD_DIR]   (TARGETS="..." builds only those; default: everything)
 # One build at a time per folder: a second call waits for the first (ci/test.sh starts it in the background).
@@ -37,24 +36,24 @@ if command -v ninja >/dev/null || "$PY" -c "import ninja" 2>/dev/null; then
     gen=(-G Ninja)
     command -v ninja >/dev/null || gen+=(-DCMAKE_MAKE_PROGRAM="$("$PY" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))')")
 fi
-# the wheel's CPU dispatch (one module per variant, loaded at run time), as ggml's macOS releases
-if ! cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
+# the package as the macOS wheel has it (CMakeLists.txt, LONGHAUL_ONE_LIBRARY: zig links its own libc++ into every
+# library, so one shared libllama with ggml inside for the binding, the tools and tests linked statically), CPU
+# only, with the series' and upstream's tests; installed into $BUILD/pkg (lib/, bin/) as the wheel lays it out
+level=()
+[ "$arch" = x86_64 ] && level=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
+if ! cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
         -DCMAKE_TOOLCHAIN_FILE="$ROOT/ci/macos-toolchain.cmake" -DLONGHAUL_MACOS_ARCH="$arch" \
-        -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON \
-        -DGGML_CPU_ALL_VARIANTS=ON -DGGML_CPU_ALL_VARIANTS_AMX=OFF \
-        -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_ACCELERATE=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=ON \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
-        >"$BUILD.cmake.log" 2>&1; then
+        -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_ONE_LIBRARY=ON -DLONGHAUL_UPSTREAM_TESTS=ON -DGGML_NATIVE=OFF "${level[@]}" \
+        -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_ACCELERATE=OFF -DGGML_OPENMP=OFF \
+        -DCMAKE_INSTALL_PREFIX="$BUILD/pkg" >"$BUILD.cmake.log" 2>&1; then
     tail -n 40 "$BUILD.cmake.log"; echo "ci/macos-cross.sh: cmake failed (log: $BUILD.cmake.log)" >&2; exit 1
 fi
-variants=$(cmake --build "$BUILD" --target help | sed -n 's/^\(ggml-cpu-[a-z0-9_]*\):.*/\1/p' | sort -u | tr '\n' ' ')
-[ -n "$variants" ] || { echo "ci/macos-cross.sh: no CPU variant configured (log: $BUILD.cmake.log)" >&2; exit 1; }
-default_targets="llama ggml $variants test-longhaul test-longhaul-args test-longhaul-offload llama-cli llama-server
-                 llama-bench llama-completion llama-quantize llama-gguf-split"
 # shellcheck disable=SC2086
-cmake --build "$BUILD" -j "${JOBS:-2}" --target ${TARGETS:-$default_targets}
-say "built: $(cd "$BUILD/bin" && ls | tr '\n' ' ')"
+cmake --build "$BUILD" -j "${JOBS:-2}" --target ${TARGETS:-longhaul}
+rm -rf "$BUILD/pkg"
+cmake --install "$BUILD" --component longhaul >/dev/null
+tests=$BUILD/bin  # the build tree: the tools and the tests
+say "built: $(cd "$BUILD/pkg" && ls lib bin | tr '\n' ' '); tests: $(cd "$tests" && ls | grep '^test-' | tr '\n' ' ')"
 
 # the Metal backend's C++ files (its Objective-C files need Apple's frameworks): compiled, not linked
 metal=$ROOT/vendor/llama.cpp/ggml/src/ggml-metal
@@ -62,11 +61,13 @@ mkdir -p "$BUILD/metal-cxx"
 target=aarch64-macos.11.0
 [ "$arch" = x86_64 ] && target=x86_64-macos.11.0
 for f in "$metal"/*.cpp; do
-    "$ROOT/ci/macos/c++" -target "$target" -std=c++17 -O1 -c "$f" -o "$BUILD/metal-cxx/$(basename "$f" .cpp).o" \
+    "$ROOT/ci/zig/c++" -target "$target" -std=c++17 -O1 -c "$f" -o "$BUILD/metal-cxx/$(basename "$f" .cpp).o" \
         -I"$metal" -I"$ROOT/vendor/llama.cpp/ggml/src" -I"$ROOT/vendor/llama.cpp/ggml/include" -DGGML_METAL_EMBED_LIBRARY \
         || { echo "ci/macos-cross.sh: the Metal backend's $(basename "$f") does not compile for macOS" >&2; exit 1; }
 done
 say "the Metal backend's C++ files compile: $(cd "$metal" && ls ./*.cpp | tr '\n' ' ')"
 
-"$PY" "$ROOT/ci/macho_check.py" "$arch" "$BUILD/bin" --libsystem "$("$ZIG_PY" -c 'import ziglang, os; print(os.path.dirname(ziglang.__file__))')"
+zig_lib=$("$ZIG_PY" -c 'import ziglang, os; print(os.path.dirname(ziglang.__file__))')
+"$PY" "$ROOT/ci/macho_check.py" "$arch" "$BUILD/pkg" --libsystem "$zig_lib"
+"$PY" "$ROOT/ci/macho_check.py" "$arch" "$tests" --libsystem "$zig_lib"
 say "done"

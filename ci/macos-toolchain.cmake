@@ -22,12 +22,12 @@ set(CMAKE_OSX_ARCHITECTURES ${LONGHAUL_MACOS_ARCH})
 set(CMAKE_OSX_DEPLOYMENT_TARGET 11.0)
 set(CMAKE_OSX_SYSROOT "")  # no SDK: zig's own headers and libSystem.tbd
 
-# the wrappers (ci/macos/zig-wrap) rewrite the flags zig does not take; the target travels in the flags, so it
+# the wrappers (ci/zig/zig-wrap) rewrite the flags zig does not take; the target travels in the flags, so it
 # reaches every compile and link
-set(CMAKE_C_COMPILER   ${CMAKE_CURRENT_LIST_DIR}/macos/cc)
-set(CMAKE_CXX_COMPILER ${CMAKE_CURRENT_LIST_DIR}/macos/c++)
-set(CMAKE_AR           ${CMAKE_CURRENT_LIST_DIR}/macos/ar CACHE FILEPATH "" FORCE)
-set(CMAKE_RANLIB       ${CMAKE_CURRENT_LIST_DIR}/macos/ranlib CACHE FILEPATH "" FORCE)
+set(CMAKE_C_COMPILER   ${CMAKE_CURRENT_LIST_DIR}/zig/cc)
+set(CMAKE_CXX_COMPILER ${CMAKE_CURRENT_LIST_DIR}/zig/c++)
+set(CMAKE_AR           ${CMAKE_CURRENT_LIST_DIR}/zig/ar CACHE FILEPATH "" FORCE)
+set(CMAKE_RANLIB       ${CMAKE_CURRENT_LIST_DIR}/zig/ranlib CACHE FILEPATH "" FORCE)
 set(CMAKE_C_FLAGS_INIT   "-target ${_zig_target}")
 set(CMAKE_CXX_FLAGS_INIT "-target ${_zig_target}")
 set(CMAKE_ASM_FLAGS_INIT "-target ${_zig_target}")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The macOS wheel (issue 49, item 2), cross-built here with zig (ci/macos-toolchain.cmake; no Apple SDK), CPU only:
-#   1. pip builds the wheel from this checkout with the macosx_11_0_arm64 tag (_PYTHON_HOST_PLATFORM), portable as the
-#      Linux wheel (LONGHAUL_WHEEL=ON: one ggml-cpu module per Apple CPU beside the tools); Metal, BLAS and
-#      Accelerate off (they need Apple's frameworks);
+#   1. pip builds the wheel from this checkout with the macosx_11_0_arm64 tag (_PYTHON_HOST_PLATFORM): one
+#      libllama.dylib with ggml inside and static tools (LONGHAUL_ONE_LIBRARY: zig links its own libc++ into every
+#      library), for the baseline Apple CPU (M1: zig's default for arm64 macOS; no CPU-variant modules); Metal, BLAS
+#      and Accelerate off (they need Apple's frameworks);
 #   2. ci/wheel_check.py macos checks the tag and the contents, then ci/macho_check.py every Mach-O file in it
 #      (CPU, macOS 11.0, imports resolved against libSystem and the wheel's own libraries, rpaths, signatures).
 # Compiled and linked only: nothing here runs a Mach-O binary, so neither the tools nor the binding were ever run
@@ -32,7 +33,8 @@ rm -rf "$OUT/dist" "$OUT/unpacked"
 "$OUT/buildenv/bin/python" -m pip install -q "scikit-build-core>=0.10" cmake ninja
 if ! _PYTHON_HOST_PLATFORM=macosx-11.0-$arch "$OUT/buildenv/bin/python" -m pip wheel --no-input --no-deps \
         --no-build-isolation -w "$OUT/dist" . \
-        -C build-dir="build/macos-wheel-$arch" -C cmake.define.LONGHAUL_WHEEL=ON -C cmake.define.GGML_OPENMP=OFF \
+        -C build-dir="build/macos-wheel-$arch" -C cmake.define.LONGHAUL_ONE_LIBRARY=ON -C cmake.define.GGML_NATIVE=OFF \
+        -C cmake.define.GGML_OPENMP=OFF \
         -C cmake.define.GGML_METAL=OFF -C cmake.define.GGML_BLAS=OFF -C cmake.define.GGML_ACCELERATE=OFF \
         -C cmake.define.LONGHAUL_MACOS_ARCH="$arch" \
         -C cmake.define.CMAKE_TOOLCHAIN_FILE="$ROOT/ci/macos-toolchain.cmake" >"$OUT/build.log" 2>&1; then

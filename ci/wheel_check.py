@@ -3,8 +3,8 @@
     python ci/wheel_check.py linux WHEEL     # tag, the tools, libllama, the CPU variants beside the tools
     python ci/wheel_check.py windows WHEEL   # the same for win_amd64, and every DLL each program and library
                                              # imports is in the wheel or a Windows system DLL (objdump -p)
-    python ci/wheel_check.py macos-arm64 WHEEL  # macosx_11_0_arm64 (or macos-x86_64), the tools, the dylibs, the
-                                             # Apple CPU modules (the Mach-O checks: ci/macho_check.py)
+    python ci/wheel_check.py macos-arm64 WHEEL  # macosx_11_0_arm64 (or macos-x86_64): the tools and libllama.dylib,
+                                             # nothing else (the Mach-O checks: ci/macho_check.py)
 
 Prints what it found; exits 1 naming what is wrong.
 """
@@ -118,16 +118,15 @@ def check_macos(path: Path, arch: str) -> None:
         bins, libs = members(whl, "longhaul_cpp/bin"), members(whl, "longhaul_cpp/lib")
         names = whl.namelist()
     missing = [t for t in TOOLS if t not in bins]
-    missing += [lib for lib in ("libllama.dylib", "libggml.dylib", "libggml-base.dylib") if lib not in libs]
+    missing += [] if "libllama.dylib" in libs else ["longhaul_cpp/lib/libllama.dylib"]
     missing += [f for f in ("longhaul_cpp/__init__.py", "longhaul_cpp/_lib.py") if f not in names]
     if missing:
         fail(f"missing from the wheel: {missing}")
-    variants = sorted(b for b in bins if re.fullmatch(r"libggml-cpu-.+\.so", b))
-    want = ("apple_m1", "apple_m2_m3", "apple_m4") if arch == "arm64" else ("x64", "sse42", "haswell")
-    if not all(f"libggml-cpu-{v}.so" in variants for v in want):
-        fail(f"the CPU modules beside the tools lack {want}: {variants}")
+    # one library (LONGHAUL_ONE_LIBRARY): ggml is inside libllama, the tools are static, no CPU-variant modules
+    extra = [f for f in libs + bins if f != "libllama.dylib" and f not in TOOLS]
+    if extra:
+        fail(f"more than libllama.dylib and the tools: {extra} (a second library would carry a second libc++)")
     print(f"tools: {', '.join(TOOLS)}; libraries: {', '.join(libs)}")
-    print(f"CPU variants ({len(variants)}): {', '.join(v[len('libggml-cpu-'):-3] for v in variants)}")
 
 
 def main() -> None:

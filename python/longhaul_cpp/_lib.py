@@ -119,7 +119,10 @@ def lib():
         if sys.platform == "win32" and d.is_dir():
             os.add_dll_directory(str(d))
         try:
-            handle = ffi.dlopen(str(path))
+            # never unloaded (RTLD_NODELETE): cffi closes the library when its object goes at interpreter exit, and a
+            # build whose C++ runtime is inside libllama (zig: LONGHAUL_ONE_LIBRARY) leaves exit handlers in it
+            flags = ffi.RTLD_NOW | getattr(ffi, "RTLD_NODELETE", 0) if sys.platform != "win32" else 0
+            handle = ffi.dlopen(str(path), flags)
         except OSError as e:
             raise LlamaError(
                 f"could not load {path}: {e}; reinstall the package (pip install .) "
