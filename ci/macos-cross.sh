@@ -6,23 +6,32 @@
 # package, no duplicate load command, install names and rpaths that resolve inside it, an ad-hoc signature on arm64.
 # Compiled and linked only: nothing here runs a Mach-O binary (docs/portability.md).
 # Usage: bash ci/macos-cross.sh [arm64|x86_64] [BUILD_DIR]   (TARGETS="..." builds only those; default: everything)
+# LAYOUT=modules: instead, the layout of a portable build made with Apple's own toolchain (LONGHAUL_WHEEL: shared
+# libraries, ggml's CPU backend as one module per CPU variant: apple_m1, apple_m2_m3, apple_m4 on arm64), without the
+# tests, into build/macos-ARCH-modules: shows that the variants compile and link. Never shipped from zig (each
+# library would carry its own libc++, above), so nothing checks that it could run.
 # One build at a time per folder: a second call waits for the first (ci/test.sh starts it in the background).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 arch=${1:-arm64}
 case "$arch" in arm64|x86_64) ;; *) echo "usage: bash ci/macos-cross.sh [arm64|x86_64] [BUILD_DIR]" >&2; exit 2 ;; esac
-BUILD=${2:-$ROOT/build/macos-$arch}
+layout=${LAYOUT:-one-library}
+case "$layout" in
+    one-library) BUILD=${2:-$ROOT/build/macos-$arch}
+                 layout_args=(-DLONGHAUL_ONE_LIBRARY=ON -DLONGHAUL_UPSTREAM_TESTS=ON -DGGML_NATIVE=OFF) ;;
+    modules)     BUILD=${2:-$ROOT/build/macos-$arch-modules}
+                 layout_args=(-DLONGHAUL_ONE_LIBRARY=OFF -DLONGHAUL_WHEEL=ON -DLONGHAUL_UPSTREAM_TESTS=OFF) ;;
+    *) echo "ci/macos-cross.sh: LAYOUT is one-library (default) or modules" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 # shellcheck source=ci/need.sh
 . "$ROOT/ci/need.sh"
 need llvm-otool-14 llvm-14
-# zig from PyPI (ziglang), in a venv of its own (ci/zig-python.sh)
-ZIG_PY=$(bash "$ROOT/ci/zig-python.sh")
-export LONGHAUL_ZIG_PYTHON=$ZIG_PY LONGHAUL_MACOS_ARCH=$arch
-zig_version=$("$ZIG_PY" -m ziglang version)
-# ccache: the wrapper is a script, so name the compiler by zig's version; paths relative to the checkout
-export CCACHE_COMPILERCHECK="string:zig-$zig_version" CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT} CCACHE_NOHASHDIR=1
-
+# zig from PyPI (ziglang) in a venv of its own, ccache, zig's object cache in the build folder (ci/zig-env.sh)
+# shellcheck source=ci/zig-env.sh
+. "$ROOT/ci/zig-env.sh"
+zig_env "$BUILD"
+export LONGHAUL_MACOS_ARCH=$arch
 mkdir -p "$BUILD"
 exec 9>"$BUILD.lock"
 flock 9
@@ -43,7 +52,7 @@ level=()
 [ "$arch" = x86_64 ] && level=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
 if ! cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
         -DCMAKE_TOOLCHAIN_FILE="$ROOT/ci/macos-toolchain.cmake" -DLONGHAUL_MACOS_ARCH="$arch" \
-        -DCMAKE_BUILD_TYPE=Release -DLONGHAUL_ONE_LIBRARY=ON -DLONGHAUL_UPSTREAM_TESTS=ON -DGGML_NATIVE=OFF "${level[@]}" \
+        -DCMAKE_BUILD_TYPE=Release "${layout_args[@]}" "${level[@]}" \
         -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_ACCELERATE=OFF -DGGML_OPENMP=OFF \
         -DCMAKE_INSTALL_PREFIX="$BUILD/pkg" >"$BUILD.cmake.log" 2>&1; then
     tail -n 40 "$BUILD.cmake.log"; echo "ci/macos-cross.sh: cmake failed (log: $BUILD.cmake.log)" >&2; exit 1
@@ -53,7 +62,12 @@ cmake --build "$BUILD" -j "${JOBS:-2}" --target ${TARGETS:-longhaul}
 rm -rf "$BUILD/pkg"
 cmake --install "$BUILD" --component longhaul >/dev/null
 tests=$BUILD/bin  # the build tree: the tools and the tests
-say "built: $(cd "$BUILD/pkg" && ls lib bin | tr '\n' ' '); tests: $(cd "$tests" && ls | grep '^test-' | tr '\n' ' ')"
+say "built ($layout): $(cd "$BUILD/pkg" && ls lib bin | tr '\n' ' '); tests: $(cd "$tests" && ls | grep '^test-' | tr '\n' ' ')"
+if [ "$layout" = modules ]; then
+    "$PY" "$ROOT/ci/macho_check.py" "$arch" "$BUILD/pkg" --libsystem "$ZIG_LIB"
+    say "done"
+    exit 0
+fi
 
 # the Metal backend's C++ files (its Objective-C files need Apple's frameworks): compiled, not linked
 metal=$ROOT/vendor/llama.cpp/ggml/src/ggml-metal
@@ -67,7 +81,6 @@ for f in "$metal"/*.cpp; do
 done
 say "the Metal backend's C++ files compile: $(cd "$metal" && ls ./*.cpp | tr '\n' ' ')"
 
-zig_lib=$("$ZIG_PY" -c 'import ziglang, os; print(os.path.dirname(ziglang.__file__))')
-"$PY" "$ROOT/ci/macho_check.py" "$arch" "$BUILD/pkg" --libsystem "$zig_lib"
-"$PY" "$ROOT/ci/macho_check.py" "$arch" "$tests" --libsystem "$zig_lib"
+"$PY" "$ROOT/ci/macho_check.py" "$arch" "$BUILD/pkg" --libsystem "$ZIG_LIB"
+"$PY" "$ROOT/ci/macho_check.py" "$arch" "$tests" --libsystem "$ZIG_LIB"
 say "done"

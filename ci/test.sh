@@ -32,7 +32,14 @@ export SKBUILD_BUILD_DIR="${SKBUILD_BUILD_DIR:-build/test-$level_name}"
 export LONGHAUL_UPSTREAM_BIN="$PWD/$SKBUILD_BUILD_DIR/bin"
 
 start=$(date +%s)
-log=$(mktemp)
+# one temporary folder for the run (the build log, the venv, the background builds' logs, pytest's models), removed
+# when the run ends (LONGHAUL_KEEP_TMP=1 keeps it): a CI machine runs this again and again on one disk
+tmp=$(mktemp -d)
+log=$tmp/build.log
+trap '[ "${LONGHAUL_KEEP_TMP:-0}" = 1 ] || rm -rf "$tmp"' EXIT
+free_gib=$(( $(df -Pk "$tmp" | awk 'NR == 2 {print $4}') / 1048576 ))
+echo "ci/test.sh: $free_gib GiB free in $(dirname "$tmp"), $(df -Pk . | awk 'NR == 2 {print int($4 / 1048576)}') GiB beside the checkout"
+[ "$free_gib" -lt 8 ] && echo "ci/test.sh: WARNING: a run needs about 8 GiB free (the build trees, the models the tests write); tests may fail with ENOSPC" >&2
 rm -rf dist
 echo "ci/test.sh: building the wheel (log: $log)"
 if ! "$PY" -m pip wheel --no-input --no-deps -w dist . -C cmake.define.LONGHAUL_UPSTREAM_TESTS=ON >"$log" 2>&1; then
@@ -43,7 +50,7 @@ fi
 wheel=$(ls dist/longhaul_cpp-*.whl)
 echo "ci/test.sh: built $wheel in $(( $(date +%s) - start )) s"
 
-venv=$(mktemp -d)/venv
+venv=$tmp/venv
 "$PY" -m venv "$venv"
 if ! "$venv/bin/python" -m pip install --no-input -q "${wheel}[test]" >"$log" 2>&1; then
     tail -n 40 "$log"
@@ -55,7 +62,8 @@ echo "ci/test.sh: installed into $venv in $(( $(date +%s) - start )) s"
 # start now, in the background at a lower priority, while llama-cpp-python builds and the tests run; a test that
 # needs one calls its script, which waits for the running build (a lock per build folder) and then has nothing
 # left to do.
-bg=$(mktemp -d)
+bg=$tmp/bg
+mkdir -p "$bg"
 bg_build() {  # name script arguments...
     local name=$1
     shift
@@ -72,6 +80,7 @@ report_bg() {
     for f in "$bg"/*.rc; do
         [ -e "$f" ] && echo "ci/test.sh: background build $(basename "$f" .rc): exit $(cut -d' ' -f1 "$f") in $(cut -d' ' -f2 "$f") s"
     done
+    [ "${LONGHAUL_KEEP_TMP:-0}" = 1 ] || rm -rf "$tmp"
     return 0
 }
 trap report_bg EXIT
@@ -110,4 +119,4 @@ fi
 echo "ci/test.sh: llama-cpp-python 0.3.36 installed in $(( $(date +%s) - start )) s"
 
 # pytest exits 5 when it collected nothing: that is a failure here too
-"$venv/bin/python" -m pytest -ra -p no:cacheprovider --durations=25 tests "$@"
+"$venv/bin/python" -m pytest -ra -p no:cacheprovider --durations=25 --basetemp="$tmp/pytest" tests "$@"

@@ -20,9 +20,9 @@ case "$arch" in arm64|x86_64) ;; *) echo "usage: bash ci/wheel-macos.sh [arm64|x
 OUT=$(mkdir -p "${2:-build/wheel-macos-$arch}" && cd "${2:-build/wheel-macos-$arch}" && pwd)
 source ci/need.sh
 need llvm-otool-14 llvm-14
-ZIG_PY=$(bash ci/zig-python.sh)
-export LONGHAUL_ZIG_PYTHON=$ZIG_PY LONGHAUL_MACOS_ARCH=$arch MACOSX_DEPLOYMENT_TARGET=11.0
-export CCACHE_COMPILERCHECK="string:zig-$("$ZIG_PY" -m ziglang version)" CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
+source ci/zig-env.sh
+zig_env "$OUT"
+export LONGHAUL_MACOS_ARCH=$arch MACOSX_DEPLOYMENT_TARGET=11.0
 start=$(date +%s)
 say() { echo "ci/wheel-macos.sh [$(( $(date +%s) - start )) s]: $*"; }
 rm -rf "$OUT/dist" "$OUT/unpacked"
@@ -46,6 +46,5 @@ say "built $(basename "$wheel") ($(( $(stat -c %s "$wheel") / 1048576 )) MiB)"
 # 2. tag and contents, then every Mach-O file of the unpacked wheel
 "$PY" ci/wheel_check.py "macos-$arch" "$wheel"
 "$PY" -m zipfile -e "$wheel" "$OUT/unpacked"
-"$PY" ci/macho_check.py "$arch" "$OUT/unpacked/longhaul_cpp" \
-    --libsystem "$("$ZIG_PY" -c 'import ziglang, os; print(os.path.dirname(ziglang.__file__))')"
+"$PY" ci/macho_check.py "$arch" "$OUT/unpacked/longhaul_cpp" --libsystem "$ZIG_LIB"
 say "ok: $wheel"

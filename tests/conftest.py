@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,8 +63,20 @@ def upstream_bin_dir() -> Path | None:
     env = os.environ.get("LONGHAUL_UPSTREAM_BIN")
     if env:
         return Path(env)
-    hits = sorted((ROOT / "build").glob("*/bin/test-llama-archs"), key=lambda p: p.stat().st_mtime)
+    hits = sorted((p for p in (ROOT / "build").glob("*/bin/test-llama-archs") if _runs_here(p)),
+                  key=lambda p: p.stat().st_mtime)
     return hits[-1].parent if hits else None
+
+
+def _runs_here(exe: Path) -> bool:
+    """Whether a binary is in this system's executable format (build/ also holds the macOS cross builds)."""
+    with open(exe, "rb") as f:
+        magic = f.read(4)
+    if sys.platform.startswith("darwin"):
+        return magic in (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe")
+    if sys.platform.startswith("win"):
+        return magic[:2] == b"MZ"
+    return magic == b"\x7fELF"
 
 
 @pytest.fixture(scope="session")

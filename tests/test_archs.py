@@ -12,9 +12,7 @@ until it is named below with the reason.
 """
 from __future__ import annotations
 
-import functools
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -42,13 +40,17 @@ N_PROMPT, N_GEN = 24, 8
 N_EXPERT, N_USED = 32, 4
 
 
-@functools.lru_cache(maxsize=None)
-def written() -> tuple[dict[str, Path], list[str]]:
-    """arch -> the MoE model test-llama-archs wrote (once per session), and the MoE archs it skipped."""
-    out = Path(tempfile.mkdtemp(prefix="archs-"))
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[dict[str, Path], list[str]]:
+    """arch -> the MoE model test-llama-archs wrote (once per module, in pytest's temporary folder), and the MoE
+    archs it skipped. Of the dense models it writes, only llama's is kept (test_dense_model_is_refused)."""
+    out = tmp_path_factory.mktemp("archs")
     r = run([str(BIN / "test-llama-archs"), "-o", str(out)], timeout=600, text=True)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-4000:]
+    for p in out.glob("*-dense.gguf"):
+        if p.name != "llama-dense.gguf":
+            p.unlink()
     skipped = re.findall(r"save_models: (\S+) model \(MoE\) is unsupported, skipping", log)
     return {p.name[: -len("-moe.gguf")]: p for p in sorted(out.glob("*-moe.gguf"))}, skipped
 
@@ -70,18 +72,18 @@ def greedy(path: Path, n_ubatch: int, **kw) -> tuple[list[int], np.ndarray, int,
     return ids, rows, eff, stats
 
 
-def test_every_listed_moe_arch_is_written_or_named() -> None:
-    models, skipped = written()
+def test_every_listed_moe_arch_is_written_or_named(written) -> None:
+    models, skipped = written
     assert len(models) >= 50, sorted(models)  # 55 at the pin
     assert sorted(skipped) == sorted(NOT_WRITTEN), "a MoE architecture upstream lists is neither tested nor named"
 
 
-def test_every_moe_arch(tmp_path) -> None:
+def test_every_moe_arch(written, tmp_path) -> None:
     """One test over every architecture (a parametrization by name would hide a new one behind collection)."""
     failures: list[str] = []
     ran, refused = [], []
     prefetched: dict[str, int] = {}  # the cross-layer prefetch (opt-in): bytes it read ahead, per arch
-    for arch in written()[0]:
+    for arch in written[0]:
         path = wide_model(arch, tmp_path)
         try:
             failures += check_arch(arch, path, ran, refused, prefetched)
@@ -91,7 +93,7 @@ def test_every_moe_arch(tmp_path) -> None:
     # at the pin: 2 fixtures without a MoE layer (ernie4_5, paddleocr) refused at every budget, the 2 diffusion models
     # below k slots
     assert len(refused) <= 2 * 6 + 2 * 2, refused
-    assert len(ran) + len(refused) == 6 * len(written()[0])
+    assert len(ran) + len(refused) == 6 * len(written[0])
     # the prefetch ran wherever a decode has a next routed layer to guess for (2 or more routed layers)
     assert sum(1 for b in prefetched.values() if b > 0) >= 20, prefetched
     check_readme(supported_block(ran, refused))
@@ -210,14 +212,14 @@ def test_family_split_in_three_shards(arch, tmp_path) -> None:
     assert len(ran) == 6
 
 
-def test_dense_model_is_refused() -> None:
+def test_dense_model_is_refused(written) -> None:
     """A model without routed experts: refused, saying to load it without longhaul."""
-    path = next(iter(written()[0].values())).parent / "llama-dense.gguf"
+    path = next(iter(written[0].values())).parent / "llama-dense.gguf"
     with pytest.raises(LlamaError, match=f"{NO_BANKS}; load it without --longhaul"):
         Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache="1MiB")
 
 
-def test_every_moe_arch_plans_and_fits(tmp_path) -> None:
+def test_every_moe_arch_plans_and_fits(written, tmp_path) -> None:
     """The routing record, its replay (the planner's input) and `auto` on every architecture: the record at k slots
     replays to the library's own misses at one slot and at 2k (stages, waves), and `auto` sizes the model from the
     library's dry runs. Nothing in them may assume one family's tensors."""
@@ -226,7 +228,7 @@ def test_every_moe_arch_plans_and_fits(tmp_path) -> None:
 
     failures: list[str] = []
     checked = 0
-    for arch in written()[0]:
+    for arch in written[0]:
         path = wide_model(arch, tmp_path)
         try:
             info = inspect_model(path)

@@ -18,17 +18,17 @@ needs_llvm = pytest.mark.skipif(OTOOL is None and not os.environ.get("CI"),
                                 reason="needs LLVM's otool (apt-get install llvm-14)")
 
 
-def _zig_python() -> str:
-    r = subprocess.run(["bash", str(ROOT / "ci" / "zig-python.sh")], capture_output=True, text=True, timeout=600)
+def _zig_python(*args: str) -> str:
+    """ci/zig-python.sh: a Python with zig, or with --lib ziglang's folder (zig's libSystem.tbd)."""
+    r = subprocess.run(["bash", str(ROOT / "ci" / "zig-python.sh"), *args], capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
 
-def _check(arch: str, folder: Path, zig_py: str) -> subprocess.CompletedProcess:
-    zig_lib = subprocess.run([zig_py, "-c", "import ziglang, os; print(os.path.dirname(ziglang.__file__))"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+def _check(arch: str, folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "ci" / "macho_check.py"), arch, str(folder),
-                           "--libsystem", zig_lib], capture_output=True, text=True, timeout=600)
+                           "--libsystem", _zig_python("--lib")], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
@@ -67,7 +67,8 @@ def test_macho_check_finds_what_dyld_would_refuse(tmp_path) -> None:
     def cc(out: Path, src: str, *flags: str, target: str = "aarch64-macos.11.0") -> None:
         (tmp_path / "src.c").write_text(src)
         r = subprocess.run([zig_py, "-m", "ziglang", "cc", "-target", target, str(tmp_path / "src.c"), "-o", str(out),
-                            *flags], capture_output=True, text=True, timeout=600)
+                            *flags], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "ZIG_LOCAL_CACHE_DIR": str(tmp_path / "zig-cache")})
         assert r.returncode == 0, r.stderr
 
     def package(name: str) -> Path:
@@ -84,7 +85,7 @@ def test_macho_check_finds_what_dyld_would_refuse(tmp_path) -> None:
     good = package("good")
     lib(good, C_LIB_MORE)
     exe(good, C_EXE, "-Wl,-rpath,@loader_path")
-    r = _check("arm64", good, zig_py)
+    r = _check("arm64", good)
     assert r.returncode == 0 and "(arm64): ok" in r.stdout, r.stdout + r.stderr
 
     cases: dict[str, tuple[Path, str]] = {}
@@ -114,7 +115,7 @@ def test_macho_check_finds_what_dyld_would_refuse(tmp_path) -> None:
     cc(d / "tool", C_FLAT, "-Wl,-undefined,dynamic_lookup")
     cases["flat"] = (d, "_no_such_function_in_libsystem")
     for name, (folder, want) in cases.items():
-        r = _check("arm64", folder, zig_py)
+        r = _check("arm64", folder)
         assert r.returncode == 1 and want in r.stderr, (name, r.stdout, r.stderr)
-    r = _check("x86_64", good, zig_py)
+    r = _check("x86_64", good)
     assert r.returncode == 1 and "tool: CPU ARM64, not X86_64" in r.stderr, r.stderr
