@@ -80,6 +80,7 @@ report_bg() {
     for f in "$bg"/*.rc; do
         [ -e "$f" ] && echo "ci/test.sh: background build $(basename "$f" .rc): exit $(cut -d' ' -f1 "$f") in $(cut -d' ' -f2 "$f") s"
     done
+    echo "ci/test.sh: disk: $(du -sh "$tmp" | cut -f1) in the run's temporary folder (removed), $(du -sh build | cut -f1) in build/"
     [ "${LONGHAUL_KEEP_TMP:-0}" = 1 ] || rm -rf "$tmp"
     return 0
 }
