@@ -46,9 +46,9 @@ build() {
         # not -fsanitize=function: ggml's CPU backend calls its vec_dot kernels through type_traits pointers declared
         # with other argument types (upstream's idiom; no file of the series does it), and clang 14's UBSan ignores
         # a suppression of that check (docs/decisions.md)
-        # alignment recoverable, so that its suppression (ci/suppressions/ubsan.supp) applies: UBSan ignores a
-        # suppression of a check that cannot recover; halt_on_error=1 still stops at any report not suppressed
-        flags="-fsanitize=address,undefined -fno-sanitize=function -fno-sanitize-recover=undefined -fsanitize-recover=alignment -fsanitize=fuzzer-no-link"
+        # alignment and shift-base recoverable, so that their suppressions (ci/suppressions/ubsan.supp) apply: UBSan
+        # ignores a suppression of a check that cannot recover; halt_on_error=1 still stops at any report not suppressed
+        flags="-fsanitize=address,undefined -fno-sanitize=function -fno-sanitize-recover=undefined -fsanitize-recover=alignment,shift-base -fsanitize=fuzzer-no-link"
     else
         flags="-fsanitize=thread"
     fi
@@ -85,7 +85,7 @@ build() {
     if [ "$san" = asan ]; then  # the fuzzer: the target and its structure-aware mutator, on the sanitized libraries
         local src=$ROOT/vendor/llama.cpp
         clang++ -std=c++17 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize=function -fno-sanitize-recover=undefined \
-            -fsanitize-recover=alignment \
+            -fsanitize-recover=alignment,shift-base \
             -shared-libsan \
             -I"$src/include" -I"$src/ggml/include" "$ROOT/tests/fuzz/fuzz_longhaul_load.cpp" \
             "$ROOT/tests/fuzz/gguf_mutator.cpp" -L"$BUILD/bin" -lllama -lggml -lggml-base \
@@ -139,10 +139,17 @@ asan)
     [ "$short" = 0 ] && sel=(tests/test_families.py tests/test_types.py tests/test_longhaul_faults.py tests/test_plan.py
                              tests/test_hostile_files.py tests/test_longhaul.py tests/test_routing_trace.py -k "$norss")
     echo "ci/sanitize.sh: asan: pytest ${sel[*]} against $bin/libllama.so"
-    ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0" \
+    # the reports go to files (pytest holds the interpreter's stderr, and a report ends the interpreter before
+    # pytest can show it)
+    ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0:log_path=$work/report" \
+    UBSAN_OPTIONS="$UBSAN_OPTIONS:log_path=$work/report" \
     LD_PRELOAD="$(clang -print-file-name=libclang_rt.asan-x86_64.so)" LONGHAUL_CPP_LIB_DIR="$bin" \
     LONGHAUL_SANITIZED=asan "$PY" -m pytest -q -x -p no:cacheprovider "${sel[@]}" -m "not slow" \
-        || { echo "ci/sanitize.sh: asan: the Python suites failed (a sanitizer report stops the interpreter)" >&2; exit 1; }
+        || { cat "$work"/report.* 2>/dev/null | head -n 120
+             echo "ci/sanitize.sh: asan: the Python suites failed (a sanitizer report stops the interpreter)" >&2; exit 1; }
+    if ls "$work"/report.* >/dev/null 2>&1; then  # a report from a child process (a tool the tests ran)
+        cat "$work"/report.* | head -n 120; echo "ci/sanitize.sh: asan: a sanitizer report (above)" >&2; exit 1
+    fi
     ;;
 tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"

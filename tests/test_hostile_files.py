@@ -75,6 +75,22 @@ def test_an_unknown_gating_function_fails_the_load(make_model, tmp_path, mode: s
     assert f"laguna.expert_gating_func = {BIG} is no gating function" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("mode", ["normal", "longhaul"])
+def test_a_file_type_out_of_range_is_ignored(make_model, tmp_path, mode: str) -> None:
+    """general.file_type is informational, but a value outside enum llama_ftype (the fuzzer's: 7679) was stored in
+    it (undefined behaviour, UBSan in ci/sanitize.sh): now ignored with a warning, and the model answers as before."""
+    src = make_model(**dataclasses.asdict(SPEC))[0]
+    tops = []
+    logged = "import logging\nlogging.basicConfig(level=logging.WARNING)\n" + LOAD  # the library's warnings
+    for path in (src, _mutant(src, tmp_path, "general.file_type", 7679)):
+        r = subprocess.run([sys.executable, "-c", logged, str(path), mode], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and "loaded" in r.stdout, (r.stdout, r.stderr[-2000:])
+        tops.append(r.stdout.split()[-1])
+    assert "general.file_type = 7679 is not a file type; ignored" in r.stderr, r.stderr[-3000:]
+    assert tops[0] == tops[1]
+
+
 def test_the_unmutated_file_loads(make_model, tmp_path) -> None:
     """The mutation itself leaves a valid file valid (the same value written back)."""
     src = make_model(**dataclasses.asdict(SPEC))[0]
