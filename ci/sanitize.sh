@@ -196,6 +196,7 @@ fuzz)
         -artifact_prefix="$out/" -print_final_stats=1 "$corpus" >"$work/fuzz.log" 2>&1 \
         || { tail -n 80 "$work/fuzz.log"; echo "ci/sanitize.sh: fuzz: a finding (input in $out)" >&2; exit 1; }
     grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$work/fuzz.log" || true
+    grep -oE "cov: [0-9]+ ft: [0-9]+ corp: [0-9]+" "$work/fuzz.log" | tail -n 1 || true  # coverage: edges, features
     ;;
 esac
 echo "ci/sanitize.sh: $kind: passed"
