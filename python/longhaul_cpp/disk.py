@@ -14,6 +14,12 @@ from .paths import shard_list
 
 
 
+def pool_reads_in_flight() -> int:
+    """Reads the library keeps in flight by default: its reading threads (one per core, 4 to 8, as
+    `longhaul_io_threads = 0`) and the thread that waits for them, which reads too."""
+    return max(4, min(8, os.cpu_count() or 1)) + 1
+
+
 class DiskError(RuntimeError):
     """A disk measurement that cannot be made (no expert banks, a short read, no permission to drop the cache)."""
 

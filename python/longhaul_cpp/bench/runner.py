@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .._lib import LlamaError
-from ..disk import drop_page_cache, read_bandwidth
+from ..disk import drop_page_cache, pool_reads_in_flight, read_bandwidth
 from ..fit import fit_longhaul_cache
 from ..longhaul import GIB, MIB, gib_arg
 from ..modelinfo import ModelInfo, inspect_model
@@ -248,7 +247,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
     bw = None
     if "sweep" in cfg.scenarios:
         if cfg.cold:
-            bw = read_bandwidth(m0, threads=min(8, os.cpu_count() or 1) + 1)  # the pool and the caller
+            bw = read_bandwidth(m0, threads=pool_reads_in_flight())
             res["read_bandwidth"] = bw
             log(f"random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices: cold "
                 f"{bw['cold_bytes_per_s'] / MIB:.0f} MiB/s, read again {bw['reread_bytes_per_s'] / MIB:.0f} MiB/s")

@@ -84,7 +84,7 @@ def _trace_plan(args: argparse.Namespace, bandwidth: float | str | None) -> Plan
     if isinstance(bandwidth, float):
         source = "given (--bandwidth)"
     else:
-        bandwidth, source = measure_bandwidth(info.path, threads=min(8, os.cpu_count() or 1) + 1)
+        bandwidth, source = measure_bandwidth(info.path)
     rows = predict(run, info, bandwidth)
     return Plan(info=info, run=run, bandwidth=bandwidth, bandwidth_source=source, rows=rows, knee=knee(rows), check={})
 

@@ -5,13 +5,12 @@ docs/planner.md)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ..disk import DiskError, drop_page_cache, read_bandwidth
+from ..disk import DiskError, drop_page_cache, pool_reads_in_flight, read_bandwidth
 from ..modelinfo import ModelInfo, inspect_model
 from .predict import BudgetRow, PhaseModel, knee, predict, replay, replay_check
 from .record import PhaseRun, RecordedRun, random_prompt, record_run
@@ -38,15 +37,16 @@ class Plan:
         return all(a == b for a, b in self.check.values())
 
 
-def measure_bandwidth(path: Path, threads: int) -> tuple[float, str]:
-    """The disk's bandwidth for expert-sized random reads (longhaul_cpp.disk), cold when the page cache
-    can be dropped (root); else the reads may come from the page cache, which the source says."""
+def measure_bandwidth(path: Path, threads: int | None = None) -> tuple[float, str]:
+    """The disk's bandwidth for expert-sized random reads (longhaul_cpp.disk; `threads` at a time, by default as
+    many as the library keeps in flight), cold when the page cache can be dropped (root); else the reads may come
+    from the page cache, which the source says."""
     try:
         drop_page_cache()
         dropped = True
     except DiskError:
         dropped = False
-    bw = read_bandwidth(path, threads=threads, drop=False)  # dropped just now, or it cannot be
+    bw = read_bandwidth(path, threads=threads or pool_reads_in_flight(), drop=False)  # dropped just now, or it cannot be
     src = (f"measured: random {bw['slice_bytes'] / 1024:.0f} KiB expert reads, {int(bw['threads'])} at a time, "
            f"{'O_DIRECT' if bw['direct'] else 'buffered'}"
            + ("" if dropped else "; the page cache could not be dropped (not root), so this may be its speed: "
@@ -67,7 +67,7 @@ def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, 
     budget = budget if budget is not None else info.budget_for(max(1, info.n_expert_used))
     run = record_run(path, prompt, n_gen, budget=budget, n_threads=n_threads, n_ubatch=n_ubatch)
     if bandwidth is None:
-        bandwidth, source = measure_bandwidth(Path(path), threads=min(8, os.cpu_count() or 1) + 1)
+        bandwidth, source = measure_bandwidth(Path(path))
     elif bandwidth == "run":
         bandwidth, source = max(run.read_rate, 1.0), "the recorded run's own reads"
     elif isinstance(bandwidth, str):
