@@ -97,6 +97,19 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     assert "The planner (`longhaul-cpp plan`" in md
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"  # matplotlib is a test dependency
     assert "Where prompt time goes" in md and "Where generation time goes" in md
+    # with --no-cold the probe runs all the same (--no-cold skips the cold runs): every longhaul run of prompt and
+    # generation gets its bound, max(reads, compute), and the sum, reads + compute, from its own bytes and the probe
+    bw = res["read_bandwidth"]["bytes_per_s"]
+    assert bw > 0 and res["read_bandwidth"]["threads"] >= 5  # the library's 4 to 8 reading threads and the caller
+    for key in ("prompt_time", "generation_time"):
+        rows = [b for b in res["analysis"][key] if b["scenario"] == "sweep"]
+        assert len(rows) == 2, key
+        for b in rows:
+            read_s = b["expert_mib_read_per_token"] * 2**20 / bw
+            assert b["read_s_per_token"] == pytest.approx(read_s, rel=1e-9)
+            assert b["bound_tokens_per_s"] == pytest.approx(1 / max(read_s, b["compute_s_per_token"]), rel=1e-9)
+            assert b["sum_tokens_per_s"] == pytest.approx(1 / (read_s + b["compute_s_per_token"]), rel=1e-9)
+            assert b["of_sum"] == pytest.approx(b["tokens_per_s"] / b["sum_tokens_per_s"], rel=1e-9)
     # --report re-derives the reports from results.json alone
     (out / "results.md").unlink()
     r = run(BENCH + ["--report", str(out)], text=True)
@@ -295,3 +308,23 @@ def test_memory_cap_tests_never_skip_under_ci(monkeypatch) -> None:
         conftest.check_cap(ci=False)
     monkeypatch.setattr(conftest, "can_cap", lambda: True)
     conftest.check_cap(ci=True)  # a cap: nothing to say
+
+
+def test_the_cap_budget_leaves_room_for_what_is_not_cache() -> None:
+    """The fixed budget under the cap is the cap less what longhaul keeps besides its cache, measured by the run
+    with every expert cached: its peak RSS less the experts it held, which are the routed bytes even when its
+    budget (whole slots of each layer's largest expert) is above them. Once it took the budget: a real-scale
+    file's budget 1.2 GiB above its experts left a negative rest, and the fixed budget overran the cap."""
+    from longhaul_cpp.bench.results import Run
+    from longhaul_cpp.bench.runner import non_cache_bytes
+
+    gib = 2**30
+    resident, routed = int(0.93 * gib), int(16.35 * gib)
+    run = Run(scenario="allcached", label="", load="longhaul", layout="repacked", routing="uniform", test="tg16",
+              budget_bytes=int(17.51 * gib), fraction=1.0, cap_gib=None, cold=False, status="ok", peak_rss_gib=17.5)
+    assert non_cache_bytes([run], resident, routed) == pytest.approx(17.5 * gib - routed, abs=1)
+    # a peak under resident + experts (pages of the resident weights not touched) counts the resident weights
+    low = dataclasses.replace(run, peak_rss_gib=17.0)
+    assert non_cache_bytes([low], resident, routed) == resident
+    # no such run: an estimate above the resident weights
+    assert non_cache_bytes([], resident, routed) > resident

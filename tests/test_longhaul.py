@@ -624,7 +624,8 @@ def test_pipelined_waves_overlap_reads_and_change_nothing(make_model, arch, slot
 def test_waves_are_pipelined_when_reads_bypass_the_page_cache(make_model, caplog, direct) -> None:
     """Without a pipeline flag the waves are pipelined exactly when the shards are read with O_DIRECT
     (forced here; a file system that refuses O_DIRECT falls back to the page cache, and then they are not):
-    the load log says which, and only pipelined waves hide prompt reads."""
+    the load log says which, and only pipelined waves hide prompt reads. The cross-layer prefetch of decode
+    follows the same rule without its flag."""
     import logging
     import re
 
@@ -648,6 +649,28 @@ def test_waves_are_pipelined_when_reads_bypass_the_page_cache(make_model, caplog
     assert in_effect & LonghaulFlag.NO_OVERLAP
     assert bool(in_effect & LonghaulFlag.DIRECT_IO) == pipelined and bool(in_effect & LonghaulFlag.NO_DIRECT_IO) != pipelined
     assert bool(in_effect & LonghaulFlag.PIPELINE) == pipelined and bool(in_effect & LonghaulFlag.NO_PIPELINE) != pipelined
+    assert bool(in_effect & LonghaulFlag.PREFETCH) == pipelined and bool(in_effect & LonghaulFlag.NO_PREFETCH) != pipelined
+    assert ("cross-layer prefetch on for" in caplog.text) == pipelined
+    assert ("cross-layer prefetch off" in caplog.text) == (not pipelined)
+
+
+def test_prefetch_switch_overrides_the_default(make_model) -> None:
+    """PREFETCH and NO_PREFETCH override the library's choice either way (on with reads through the page cache,
+    off with O_DIRECT), decode reads ahead only when on, and the two together are refused with the pair named."""
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    budget = budget_for(spec, 2 * spec.n_expert_used)
+    for flags, on in ((LonghaulFlag.NO_DIRECT_IO | LonghaulFlag.PREFETCH, True),
+                      (LonghaulFlag.DIRECT_IO | LonghaulFlag.NO_PREFETCH, False)):
+        with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget, longhaul_flags=flags) as m, \
+                m.context(n_ctx=512, n_threads=2) as ctx:
+            assert bool(m.longhaul_flags & LonghaulFlag.PREFETCH) == on
+            assert bool(m.longhaul_flags & LonghaulFlag.NO_PREFETCH) == (not on)
+            list(ctx.greedy(m.tokenize(PROMPT), 12, stop_at_eog=False))
+            assert (m.longhaul_stats().total.bytes_prefetched > 0) == on
+    with pytest.raises(LlamaError, match="PREFETCH and NO_PREFETCH"):
+        Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget,
+              longhaul_flags=LonghaulFlag.PREFETCH | LonghaulFlag.NO_PREFETCH)
 
 
 def test_failed_read_in_flight_is_retried(make_model) -> None:

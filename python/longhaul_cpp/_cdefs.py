@@ -114,6 +114,7 @@ enum llama_longhaul_flag {
     LLAMA_LONGHAUL_FLAG_STAGED       = 64,
     LLAMA_LONGHAUL_FLAG_PREFETCH     = 128,
     LLAMA_LONGHAUL_FLAG_LFU          = 256,
+    LLAMA_LONGHAUL_FLAG_NO_PREFETCH  = 512,
 };
 enum llama_lazy_mode {
     LLAMA_LAZY_MODE_OFF  = 0,

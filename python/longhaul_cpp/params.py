@@ -18,8 +18,8 @@ LoadMode.__doc__ = "Mirrors `enum llama_load_mode` (taken from the binding's dec
 # `enum llama_longhaul_flag`: the switches of the longhaul load mode (`longhaul_flags=` of Model and Llama), or-ed
 LonghaulFlag = enum.IntFlag("LonghaulFlag", {name[len("LLAMA_LONGHAUL_FLAG_"):]: value for value, name in
                                              sorted(ffi.typeof("enum llama_longhaul_flag").elements.items())})
-LonghaulFlag.__doc__ = ("Mirrors `enum llama_longhaul_flag`: DIRECT_IO / NO_DIRECT_IO and PIPELINE / NO_PIPELINE "
-                        "(default: the library decides), PREFETCH (an experiment), LFU (replacement by use counts with "
+LonghaulFlag.__doc__ = ("Mirrors `enum llama_longhaul_flag`: DIRECT_IO / NO_DIRECT_IO, PIPELINE / NO_PIPELINE and "
+                        "PREFETCH / NO_PREFETCH (default: the library decides), LFU (replacement by use counts with "
                         "aging instead of LRU), and the measurement switches NO_OVERLAP, NO_COMPACT, STAGED.")
 
 

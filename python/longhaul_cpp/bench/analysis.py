@@ -76,11 +76,14 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None, io_by
             if compute_s is not None:
                 row["compute_s_per_token"] = compute_s
                 row["other_s_per_token"] = max(0.0, per_tok - wait - compute_s)
-                if test == "tg" and bw is not None:
-                    # overlapped: reads and compute run at the same time at best
-                    bound = 1.0 / max(missed / bw["bytes_per_s"], compute_s)
-                    row["bound_tokens_per_s"] = bound
+                if bw is not None:
+                    # overlapped: reads and compute run at the same time at best; the sum: one after the other
+                    read_s = missed / bw["bytes_per_s"]
+                    row["read_s_per_token"] = read_s
+                    row["bound_tokens_per_s"] = bound = 1.0 / max(read_s, compute_s)
                     row["of_bound"] = r.tokens_per_s / bound
+                    row["sum_tokens_per_s"] = serial = 1.0 / (read_s + compute_s)
+                    row["of_sum"] = r.tokens_per_s / serial
             rows.append(row)
         return rows
 

@@ -62,30 +62,27 @@ def markdown(res: dict[str, Any]) -> str:
                   "dropped):", "", "| load | prompt tokens | seconds |", "|---|---:|---:|"]
         for t in ttft:
             lines.append(f"| {t['scenario']}: {t['label']} | {t['n_prompt']} | {t['seconds']:.1f} |")
-    pt = res["analysis"].get("prompt_time", [])
-    if pt:
-        lines += ["", "Where prompt time goes (ms per prompt token; compute = every expert cached; reads hidden = "
-                  "read time that overlapped the previous expert wave's matmuls, where the waves are pipelined):", "",
-                  "| run | routing | t/s | I/O wait | (converting) | reads hidden | compute | other |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
-        for b in pt:
-            ms = lambda k: _fmt(None if k not in b else 1000 * b[k], ".2f")  # noqa: E731
+    for key, what, hidden, digits in (
+            ("prompt_time", "prompt time goes (ms per prompt token", "the previous expert wave's matmuls, where the "
+             "waves are pipelined", ".2f"),
+            ("generation_time", "generation time goes (ms per token", "the cached experts' matmuls", ".1f")):
+        rows = res["analysis"].get(key, [])
+        if not rows:
+            continue
+        lines += ["", f"Where {what}; compute = every expert cached; reads hidden = read time that overlapped "
+                  f"{hidden}; reads = expert bytes / probed read bandwidth; bound = max(reads, compute), sum = reads "
+                  "+ compute, both in t/s):", "",
+                  "| run | routing | t/s | I/O wait | (converting) | reads hidden | compute | reads | other "
+                  "| bound | of bound | sum | of sum |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for b in rows:
+            ms = lambda k: _fmt(None if k not in b else 1000 * b[k], digits)  # noqa: E731
             lines.append(f"| {b['scenario']}: {b['label']} | {b['routing']} | {b['tokens_per_s']:.2f} | "
                          f"{ms('io_wait_s_per_token')} | {ms('convert_s_per_token')} | "
-                         f"{ms('hidden_read_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} |")
-    gt = res["analysis"]["generation_time"]
-    if gt:
-        lines += ["", "Where generation time goes (ms per token; compute = every expert cached; reads hidden = read "
-                  "time that overlapped the cached experts' matmuls; bound = max(expert bytes / probed read "
-                  "bandwidth, compute)):", "",
-                  "| run | routing | t/s | I/O wait | (converting) | reads hidden | compute | other | bound t/s | of bound |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for b in gt:
-            ms = lambda k: _fmt(None if k not in b else 1000 * b[k], ".1f")  # noqa: E731
-            lines.append(f"| {b['scenario']}: {b['label']} | {b['routing']} | {b['tokens_per_s']:.2f} | "
-                         f"{ms('io_wait_s_per_token')} | {ms('convert_s_per_token')} | "
-                         f"{ms('hidden_read_s_per_token')} | {ms('compute_s_per_token')} | {ms('other_s_per_token')} | "
-                         f"{_fmt(b.get('bound_tokens_per_s'), '.1f')} | {_fmt(b.get('of_bound'), '.2f')} |")
+                         f"{ms('hidden_read_s_per_token')} | {ms('compute_s_per_token')} | {ms('read_s_per_token')} | "
+                         f"{ms('other_s_per_token')} | {_fmt(b.get('bound_tokens_per_s'), '.2f')} | "
+                         f"{_fmt(b.get('of_bound'), '.2f')} | {_fmt(b.get('sum_tokens_per_s'), '.2f')} | "
+                         f"{_fmt(b.get('of_sum'), '.2f')} |")
     planned = [(b, kind) for kind, key in (("prompt", "prompt_time"), ("generation", "generation_time"))
                for b in res["analysis"].get(key, []) if "predicted_tokens_per_s" in b]
     if planned:

@@ -12,6 +12,7 @@ from ..context import Context
 from ..fit import budget_bytes
 from ..longhaul import LayerStats
 from ..model import LoadMode, Model
+from ..params import LonghaulFlag
 from ..routing import DEFAULT_MAX_IDS, Routing, RoutingRecorder
 
 
@@ -121,10 +122,13 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     feed random tokens instead of the greedy ones (llama-bench's tg workload; the same seed in every repetition). feed: the n_gen tokens to decode after the prompt instead (a token stream such as
     routers.topic_stream: the routing it drives, whatever the model would pick); routing: the routing of these very
     tokens, recorded before (another run of the same prompt and feed): not recorded again. flags: `LonghaulFlag`s
-    of the load. budget: bytes, or any `longhaul_cache` value
+    of the load (without PREFETCH, the run does not prefetch, whatever the library would choose: the replay does not
+    model it). budget: bytes, or any `longhaul_cache` value
     ("512MiB", "auto": chosen for this run's context; the run records the bytes). layer_slots: a per-layer split
     of the budget (longhaul_layer_slots: {layer: slots}, one entry per layer, or a --write-split file) instead of
     the even one."""
+    if not int(flags) & (LonghaulFlag.PREFETCH | LonghaulFlag.NO_PREFETCH):
+        flags = int(flags) | LonghaulFlag.NO_PREFETCH  # the replay does not model the prefetch: it stays off
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
         raise ValueError("the planner needs a prompt or generated tokens")
