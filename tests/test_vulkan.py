@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from longhaul_cpp import SyntheticSpec
+from longhaul_cpp import LonghaulFlag, SyntheticSpec
 
 BUILD = ROOT / "build" / "vulkan"
 HAVE_VULKAN = shutil.which("glslc") is not None and Path("/usr/include/vulkan/vulkan.h").is_file()
@@ -50,10 +50,10 @@ def _env(vulkan_bin: Path, device: bool) -> dict[str, str]:
 
 def _probe(vulkan_bin: Path, model: Path, tmp_path: Path, *, device: bool, ngl: int = 0, budget: str = "normal",
            op_offload: bool = True, n_predict: int = N_PREDICT, flash_attn: int = -1,
-           n_ubatch: int = 512) -> tuple[dict, np.ndarray]:
-    out = tmp_path / f"logits-{device}-{ngl}-{budget}-{op_offload}-{n_predict}-{flash_attn}-{n_ubatch}.npy"
+           n_ubatch: int = 512, flags: int = 0) -> tuple[dict, np.ndarray]:
+    out = tmp_path / f"logits-{device}-{ngl}-{budget}-{op_offload}-{n_predict}-{flash_attn}-{n_ubatch}-{flags}.npy"
     r = subprocess.run([sys.executable, str(PROBE), str(model), str(out), str(ngl), budget, "1" if op_offload else "0",
-                        str(n_predict), str(flash_attn), str(n_ubatch)],
+                        str(n_predict), str(flash_attn), str(n_ubatch), str(flags)],
                        capture_output=True, text=True, timeout=900, env=_env(vulkan_bin, device))
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1]), np.load(out)
@@ -117,7 +117,7 @@ def _gpu_ubatch(spec: SyntheticSpec, slots: int, n_ubatch: int = 512) -> int:
     return n_ubatch if slots >= spec.n_expert else 1 if slots < k else min(n_ubatch, max(1, slots // k))
 
 
-@pytest.mark.parametrize("slots", ["all", "2k", "k", "k-1"])
+@pytest.mark.parametrize("slots", ["all", "2k", "2k direct", "k", "k-1"])
 def test_longhaul_on_the_vulkan_device(vulkan_bin, make_model, tmp_path, slots) -> None:
     """Every repeating layer on the Vulkan device in longhaul mode (slots in device memory, written through
     staging; the sync op on the CPU between the router and the experts): the token ids of a normal all-Vulkan
@@ -126,12 +126,16 @@ def test_longhaul_on_the_vulkan_device(vulkan_bin, make_model, tmp_path, slots) 
     off in both: with it, lavapipe (Mesa 22.3) crashes in a normal all-Vulkan load too (docs/portability.md)."""
     spec = SyntheticSpec(**SPEC)
     k = spec.n_expert_used
-    n_slots = {"all": spec.n_expert, "2k": 2 * k, "k": k, "k-1": k - 1}[slots]
+    n_slots = {"all": spec.n_expert, "2k": 2 * k, "2k direct": 2 * k, "k": k, "k-1": k - 1}[slots]
     budget = f"{spec.budget_for(n_slots)}B"
     model = make_model(**SPEC)[0]
     ub = _gpu_ubatch(spec, n_slots)
+    # "2k direct": reads with O_DIRECT, so the cross-layer prefetch is on by default (into device slots)
+    flags = int(LonghaulFlag.DIRECT_IO) if slots == "2k direct" else 0
     ref, ref_logits = _probe(vulkan_bin, model, tmp_path, device=True, ngl=99, flash_attn=0)
-    lh, lh_logits = _probe(vulkan_bin, model, tmp_path, device=True, ngl=99, flash_attn=0, budget=budget)
+    lh, lh_logits = _probe(vulkan_bin, model, tmp_path, device=True, ngl=99, flash_attn=0, budget=budget, flags=flags)
+    if flags and lh["flags"] & LonghaulFlag.DIRECT_IO:  # the file system took O_DIRECT
+        assert lh["flags"] & LonghaulFlag.PREFETCH and lh["prefetched"] > 0
     assert lh["slots"] == n_slots * spec.n_layer and lh["misses"] > 0
     assert n_slots == spec.n_expert or lh["misses"] > n_slots * spec.n_layer  # experts were evicted and read again
     assert lh["tokens"] == ref["tokens"]
