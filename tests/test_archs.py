@@ -82,7 +82,7 @@ def test_every_moe_arch(written, tmp_path) -> None:
     """One test over every architecture (a parametrization by name would hide a new one behind collection)."""
     failures: list[str] = []
     ran, refused = [], []
-    prefetched: dict[str, int] = {}  # the cross-layer prefetch (opt-in): bytes it read ahead, per arch
+    prefetched: dict[str, int] = {}  # the cross-layer prefetch (PREFETCH): bytes it read ahead, per arch
     for arch in written[0]:
         path = wide_model(arch, tmp_path)
         try:

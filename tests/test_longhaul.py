@@ -747,12 +747,19 @@ def test_prefetch_in_small_ubatches(make_model, arch, et, extra) -> None:
     assert st.bytes_prefetched > 0 and st.bytes_prefetched == st.bytes_prefetch_used + st.bytes_prefetch_wasted
 
 
-def test_prefetch_is_off_by_default(make_model, caplog) -> None:
+def test_prefetch_is_off_through_the_page_cache(make_model, caplog) -> None:
+    """Without a prefetch flag, reads through the page cache do not prefetch (a copy has no device time to hide;
+    with O_DIRECT they do: test_waves_are_pipelined_when_reads_bypass_the_page_cache)."""
+    import logging
+
     spec = spec_of("qwen3moe", "q8_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
-    _, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 2 * spec.n_expert_used))
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
+        _, _, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL,
+                                longhaul_cache=budget_for(spec, 2 * spec.n_expert_used),
+                                longhaul_flags=LonghaulFlag.NO_DIRECT_IO)
     assert info["stats"].total.bytes_prefetched == 0
-    assert "cross-layer prefetch" not in caplog.text
+    assert "cross-layer prefetch off" in caplog.text and "cross-layer prefetch on" not in caplog.text
 
 
 def test_failed_prefetch_read_is_retried(make_model) -> None:
