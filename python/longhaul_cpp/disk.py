@@ -121,3 +121,18 @@ def read_bandwidth(path: Path, *, threads: int, total: int = 768 * MIB, seed: in
     return {"bytes_per_s": n / min(cold_s, again_s), "cold_bytes_per_s": n / cold_s, "reread_bytes_per_s": n / again_s,
             "slice_bytes": float(size), "n_reads": float(len(pick)), "threads": float(threads),
             "direct": float(direct)}
+
+
+def probe_bandwidth(path: Path, threads: int | None = None) -> dict[str, float]:
+    """read_bandwidth with `threads` reads in flight (default: as many as the library keeps), after dropping the
+    page cache where that is allowed (root): "dropped" is then 1.0; else 0.0, and "cold_bytes_per_s" is left out
+    (the first pass may have come from the page cache)."""
+    try:
+        drop_page_cache()
+        dropped = True
+    except DiskError:
+        dropped = False
+    bw = read_bandwidth(path, threads=threads or pool_reads_in_flight(), drop=False)  # dropped just now, or it cannot be
+    if not dropped:
+        bw.pop("cold_bytes_per_s")
+    return bw | {"dropped": float(dropped)}

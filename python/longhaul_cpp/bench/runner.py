@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._lib import LlamaError
-from ..disk import DiskError, drop_page_cache, pool_reads_in_flight, read_bandwidth
+from ..disk import drop_page_cache, probe_bandwidth
 from ..fit import fit_longhaul_cache
 from ..longhaul import GIB, MIB, gib_arg
 from ..modelinfo import ModelInfo, inspect_model
@@ -194,17 +194,11 @@ def _chosen(cfg: BenchConfig, rec: dict[str, Any], info: ModelInfo, model: Path,
 def _probe(model: Path, log: Callable[[str], None]) -> dict[str, float]:
     """The disk's bandwidth for random expert-slice reads, as many in flight as the library reads (cold where the
     page cache can be dropped: root)."""
-    try:
-        drop_page_cache()
-        cold = True
-    except DiskError:
-        cold = False
-    bw = read_bandwidth(model, threads=pool_reads_in_flight(), drop=False)
+    bw = probe_bandwidth(model)
+    cold = bool(bw["dropped"])
     log(f"random reads of {bw['slice_bytes'] / 1024:.0f} KiB expert slices, {int(bw['threads'])} at a time: "
         + (f"cold {bw['cold_bytes_per_s'] / MIB:.0f} MiB/s, " if cold else "page cache not dropped (not root), ")
         + f"read again {bw['reread_bytes_per_s'] / MIB:.0f} MiB/s")
-    if not cold:
-        bw.pop("cold_bytes_per_s")
     return bw
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..disk import DiskError, drop_page_cache, pool_reads_in_flight, read_bandwidth
+from ..disk import probe_bandwidth
 from ..modelinfo import ModelInfo, inspect_model
 from .predict import BudgetRow, PhaseModel, knee, predict, replay, replay_check
 from .record import PhaseRun, RecordedRun, random_prompt, record_run
@@ -41,12 +41,8 @@ def measure_bandwidth(path: Path, threads: int | None = None) -> tuple[float, st
     """The disk's bandwidth for expert-sized random reads (longhaul_cpp.disk; `threads` at a time, by default as
     many as the library keeps in flight), cold when the page cache can be dropped (root); else the reads may come
     from the page cache, which the source says."""
-    try:
-        drop_page_cache()
-        dropped = True
-    except DiskError:
-        dropped = False
-    bw = read_bandwidth(path, threads=threads or pool_reads_in_flight(), drop=False)  # dropped just now, or it cannot be
+    bw = probe_bandwidth(path, threads)
+    dropped = bool(bw["dropped"])
     src = (f"measured: random {bw['slice_bytes'] / 1024:.0f} KiB expert reads, {int(bw['threads'])} at a time, "
            f"{'O_DIRECT' if bw['direct'] else 'buffered'}"
            + ("" if dropped else "; the page cache could not be dropped (not root), so this may be its speed: "
