@@ -79,9 +79,38 @@ def _runs_here(exe: Path) -> bool:
     return magic == b"\x7fELF"
 
 
+def direct_io_works(directory: Path) -> bool:
+    """Whether a file in `directory` reads with O_DIRECT (tmpfs refuses it, and the library then reads through the
+    page cache without a word to the tests)."""
+    import mmap
+
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = directory / ".o_direct-probe"
+    probe.write_bytes(b"\0" * 8192)
+    try:
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+        try:
+            return os.readv(fd, [mmap.mmap(-1, 4096)]) == 4096
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("models")
+    """Where the suite's models go: pytest's folder, or one beside the checkout where that folder's filesystem
+    refuses O_DIRECT, so that every test that reads experts with O_DIRECT does (and asserts it)."""
+    d = tmp_path_factory.mktemp("models")
+    if direct_io_works(d) or not hasattr(os, "O_DIRECT"):
+        return d
+    d = ROOT / "build" / "pytest-models" / str(os.getpid())
+    d.mkdir(parents=True, exist_ok=True)
+    assert direct_io_works(d), f"neither pytest's folder nor {d} reads with O_DIRECT"
+    return d
 
 
 class ModelFactory:

@@ -9,15 +9,16 @@ import threading
 import time
 from pathlib import Path
 
+from ._lib import lib
 from .longhaul import MIB
 from .paths import shard_list
 
 
 
 def pool_reads_in_flight() -> int:
-    """Reads the library keeps in flight by default: its reading threads (one per core, 4 to 8, as
-    `longhaul_io_threads = 0`) and the thread that waits for them, which reads too."""
-    return max(4, min(8, os.cpu_count() or 1)) + 1
+    """Reads the library keeps in flight by default: its reading threads (`longhaul_io_threads = 0`, the library's
+    llama_longhaul_io_threads_default()) and the thread that waits for them, which reads too."""
+    return int(lib.llama_longhaul_io_threads_default()) + 1
 
 
 class DiskError(RuntimeError):

@@ -1,5 +1,6 @@
 """`longhaul-cpp published NAME OUT_DIR`: a published MoE file at its real scale: sparse (its inventory, no weights) or
-with every byte drawn in its type (--data random)."""
+with every byte drawn in its type (--data random). NAME is one of the generator's layouts (PUBLISHED) or an entry of
+the corpus of real published headers (models/corpus: the exact header, sparse only)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..longhaul import GIB, MIB
+from ..models import corpus
 from ..models.published import PUBLISHED, sparse_files_supported, write_published
 from .common import Progress
 
@@ -15,7 +17,8 @@ from .common import Progress
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("published", help="write a published MoE file's real-scale layout with sparse data (its "
                        "tensor inventory and types; the weights are holes but for embeddings and routers)")
-    p.add_argument("name", nargs="?", choices=sorted(PUBLISHED), help="which published file")
+    p.add_argument("name", nargs="?", choices=sorted(PUBLISHED) + corpus.names(), metavar="NAME",
+                   help="which published file (--list)")
     p.add_argument("out_dir", nargs="?", help="directory for the file (or its shards)")
     p.add_argument("--list", action="store_true", help="list the files it can write")
     p.add_argument("--data", choices=("sparse", "random"), default="sparse",
@@ -29,16 +32,26 @@ def run(args: argparse.Namespace) -> int:
     if args.list or args.name is None:
         for name, pub in PUBLISHED.items():
             print(f"{name:26} {pub.spec.arch}, {pub.ftype}, {pub.n_shards} file(s): {pub.source}")
+        for name in corpus.names():
+            e = corpus.load(name)
+            print(f"{name:26} {e.arch}, {e.shards} file(s), {e.nbytes / 1e9:.1f} GB: the published header "
+                  f"({(e.raw.get('published') or {}).get('repo', '?')})")
         return 0
     if args.out_dir is None:
         raise ValueError("give the output directory: longhaul-cpp published NAME OUT_DIR")
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     if args.data == "random":
+        if args.name not in PUBLISHED:
+            raise ValueError(f"{args.name} is a published header (its weights are not known): write it sparse, or "
+                             f"use one of {', '.join(sorted(PUBLISHED))} with --data random")
         return _write_random(args)
     if not sparse_files_supported(args.out_dir):
         raise ValueError(f"the filesystem of {args.out_dir} has no sparse files: the file would take its full size "
                          "on disk; use a directory on ext4, xfs, btrfs or tmpfs")
-    paths = write_published(args.name, args.out_dir)
+    if args.name in PUBLISHED:
+        paths = write_published(args.name, args.out_dir)
+    else:
+        paths = corpus.write_header_file(args.name, args.out_dir)
     for p in paths:
         print(p)
     size = sum(p.stat().st_size for p in paths) / GIB
