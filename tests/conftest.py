@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 import os
 import subprocess
 import sys
@@ -101,16 +102,22 @@ def direct_io_works(directory: Path) -> bool:
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Where the suite's models go: pytest's folder, or one beside the checkout where that folder's filesystem
     refuses O_DIRECT, so that every test that reads experts with O_DIRECT does (and asserts it)."""
+    import shutil
+
     d = tmp_path_factory.mktemp("models")
     if direct_io_works(d) or not hasattr(os, "O_DIRECT"):
-        return d
+        yield d
+        return
     d = ROOT / "build" / "pytest-models" / str(os.getpid())
     d.mkdir(parents=True, exist_ok=True)
-    assert direct_io_works(d), f"neither pytest's folder nor {d} reads with O_DIRECT"
-    return d
+    try:
+        assert direct_io_works(d), f"neither pytest's folder nor {d} reads with O_DIRECT"
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 class ModelFactory:

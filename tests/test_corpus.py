@@ -111,3 +111,25 @@ def test_published_headers_load_as_the_pin_loads_them(tmp_path) -> None:
                 p.unlink()
     print("\n".join(" | ".join(r) for r in table))
     assert not failures, "\n".join(failures)
+
+
+def test_cli_writes_a_published_header_that_info_reads(tmp_path) -> None:
+    """`longhaul-cpp published NAME DIR` writes a corpus entry's header (sparse), and `info` gives its slots."""
+    if not sparse_files_supported(tmp_path):
+        pytest.skip("this filesystem keeps no holes")
+    name = "minimax-m2.7-ud-iq3_s"  # not one of the generator's PUBLISHED layouts (a name in both writes that one)
+    r = subprocess.run([sys.executable, "-m", "longhaul_cpp", "published", name, str(tmp_path)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    paths = [Path(p) for p in r.stdout.split()]
+    assert len(paths) == 3 and sum(p.stat().st_size for p in paths) > 77 * GIB
+    assert sum(p.stat().st_blocks * 512 for p in paths) < 64 << 20
+    path = paths[0]
+    r = subprocess.run([sys.executable, "-m", "longhaul_cpp", "info", str(path), "--longhaul-cache", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    slots = inspect_model(path).slots(2 * GIB)
+    assert len(slots) == 62 and f"{min(slots.values())}" in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "longhaul_cpp", "published", name, str(tmp_path), "--data", "random"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "its weights are not known" in r.stderr

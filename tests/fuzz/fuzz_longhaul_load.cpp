@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <fcntl.h>
 #include <unistd.h>
 
 static std::string g_dir;
@@ -20,20 +21,65 @@ static void quiet(enum ggml_log_level level, const char * text, void * /*ud*/) {
     }
 }
 
+// whether a file in `dir` reads with O_DIRECT (tmpfs refuses it: the library then reads through the page cache)
+static bool direct_io_works(const std::string & dir) {
+    const std::string probe = dir + "/o_direct-probe";
+    FILE * f = fopen(probe.c_str(), "wb");
+    if (f == nullptr) {
+        return false;
+    }
+    static char zeros[8192];
+    const bool written = fwrite(zeros, 1, sizeof(zeros), f) == sizeof(zeros);
+    fclose(f);
+    bool ok = false;
+#if defined(O_DIRECT)
+    const int fd = written ? open(probe.c_str(), O_RDONLY | O_DIRECT) : -1;
+    void * buf = nullptr;
+    if (fd >= 0 && posix_memalign(&buf, 4096, 4096) == 0) {
+        ok = pread(fd, buf, 4096, 0) == 4096;
+    }
+    free(buf);
+    if (fd >= 0) {
+        close(fd);
+    }
+#endif
+    unlink(probe.c_str());
+    return ok;
+}
+
+// the scratch folder: $FUZZ_SCRATCH, else the first of /tmp and /dev/shm whose filesystem takes O_DIRECT (so the
+// direct reads, the grouped reads and the prefetch are fuzzed too), else /dev/shm
 extern "C" int LLVMFuzzerInitialize(int * /*argc*/, char *** /*argv*/) {
     llama_log_set(quiet, nullptr);
     llama_backend_init();
-    char tmpl[] = "/dev/shm/lh-fuzz-XXXXXX";
-    const char * dir = mkdtemp(tmpl);
-    if (dir == nullptr) {
-        char tmpl2[] = "/tmp/lh-fuzz-XXXXXX";
-        dir = mkdtemp(tmpl2);
+    const char * env = getenv("FUZZ_SCRATCH");
+    for (const std::string base : { std::string(env ? env : ""), std::string("/tmp"), std::string("/dev/shm") }) {
+        if (base.empty()) {
+            continue;
+        }
+        std::string tmpl = base + "/lh-fuzz-XXXXXX";
+        if (mkdtemp(&tmpl[0]) == nullptr) {
+            continue;
+        }
+        if (direct_io_works(tmpl) || (g_dir.empty() && base == "/dev/shm")) {
+            if (!g_dir.empty()) {
+                rmdir(g_dir.c_str());
+            }
+            g_dir = tmpl;
+            break;
+        }
+        if (g_dir.empty()) {
+            g_dir = tmpl; // kept unless a later one takes O_DIRECT
+        } else {
+            rmdir(tmpl.c_str());
+        }
     }
-    if (dir == nullptr) {
+    if (g_dir.empty()) {
         perror("mkdtemp");
         abort();
     }
-    g_dir = dir;
+    fprintf(stderr, "fuzz_longhaul_load: scratch %s (O_DIRECT %s)\n", g_dir.c_str(),
+            direct_io_works(g_dir) ? "works" : "refused: buffered reads only");
     return 0;
 }
 
@@ -87,6 +133,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     mp.load_mode = LLAMA_LOAD_MODE_LONGHAUL;
     mp.n_gpu_layers = 0;
     mp.longhaul_io_threads = 1; // one reader: the same input covers the same code (a fixed seed repeats a run)
+    // half of the inputs read with O_DIRECT (aligned and grouped reads, the decode's prefetch), half through the
+    // page cache; which half is the input's own (its size)
+    mp.longhaul_flags = size % 2 ? LLAMA_LONGHAUL_FLAG_DIRECT_IO : LLAMA_LONGHAUL_FLAG_NO_DIRECT_IO;
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 16;
     cp.n_batch = 16;

@@ -1,6 +1,7 @@
 """`longhaul-cpp published NAME OUT_DIR`: a published MoE file at its real scale: sparse (its inventory, no weights) or
 with every byte drawn in its type (--data random). NAME is one of the generator's layouts (PUBLISHED) or an entry of
-the corpus of real published headers (models/corpus: the exact header, sparse only)."""
+the corpus of real published headers (models/corpus: the exact header, sparse only); a name in both is the
+generator's layout, whose routers vary the routing (the corpus's header has no weights at all)."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ from .common import Progress
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("published", help="write a published MoE file's real-scale layout with sparse data (its "
                        "tensor inventory and types; the weights are holes but for embeddings and routers)")
-    p.add_argument("name", nargs="?", choices=sorted(PUBLISHED) + corpus.names(), metavar="NAME",
+    p.add_argument("name", nargs="?", choices=sorted(set(PUBLISHED) | set(corpus.names())), metavar="NAME",
                    help="which published file (--list)")
     p.add_argument("out_dir", nargs="?", help="directory for the file (or its shards)")
     p.add_argument("--list", action="store_true", help="list the files it can write")
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list or args.name is None:
         for name, pub in PUBLISHED.items():
             print(f"{name:26} {pub.spec.arch}, {pub.ftype}, {pub.n_shards} file(s): {pub.source}")
-        for name in corpus.names():
+        for name in sorted(set(corpus.names()) - set(PUBLISHED)):
             e = corpus.load(name)
             print(f"{name:26} {e.arch}, {e.shards} file(s), {e.nbytes / 1e9:.1f} GB: the published header "
                   f"({(e.raw.get('published') or {}).get('repo', '?')})")

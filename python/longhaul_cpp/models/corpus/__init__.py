@@ -14,8 +14,9 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import gguf
 import numpy as np
@@ -225,7 +226,13 @@ def _cut(sizes: list[int], n_shards: int) -> list[int]:
 def write_header_file(entry: Entry | str, out_dir: str | Path) -> list[Path]:
     """The published file's header at its real scale: every key and tensor as published, the data a sparse hole
     (a few MiB on disk where the filesystem keeps holes). Returns the shard paths."""
-    entry = load(entry) if isinstance(entry, str) else entry
+    return write_file(load(entry) if isinstance(entry, str) else entry, out_dir)
+
+
+def write_file(entry: Entry, out_dir: str | Path,
+               write_tensor: Callable[[int, Tensor, BinaryIO], None] | None = None) -> list[Path]:
+    """The entry as a GGUF (its shards): the header, then each tensor's data written by write_tensor(index, tensor,
+    file at the tensor's offset), or left a hole without it. Returns the shard paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sizes = [t.nbytes for t in entry.tensors]
@@ -239,14 +246,20 @@ def write_header_file(entry: Entry | str, out_dir: str | Path) -> list[Path]:
             w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, i)
             w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, entry.shards)
             w.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(entry.tensors))
-        mine = [(t, n) for t, n, s in zip(entry.tensors, sizes, shard_of) if s == i]
-        for t, n in mine:
+        mine = [(j, t, n) for j, (t, n, s) in enumerate(zip(entry.tensors, sizes, shard_of)) if s == i]
+        for _, t, n in mine:
             w.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), n, raw_dtype=t.qtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         f = w.fout[0]
         start = -(-f.tell() // ALIGNMENT) * ALIGNMENT
-        f.truncate(start + sum(-(-n // ALIGNMENT) * ALIGNMENT for _, n in mine))
+        offset = 0
+        for j, t, n in mine:
+            if write_tensor is not None:
+                f.seek(start + offset)
+                write_tensor(j, t, f)
+            offset += -(-n // ALIGNMENT) * ALIGNMENT
+        f.truncate(start + offset)
         w.close()
     return paths
