@@ -33,17 +33,16 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ..paths import shard_paths
 from ..tools import tool_path
 from .spec import N_VOCAB, SyntheticSpec
 from .random_data import quantize_rows, random_data
 from .routers import ROUTERS
 from .tensors import TensorDef, rng_for
+from .shards import write_shards
 from .writer import add_metadata, tensor_layout
 
 ROUTER_COLS = 64   # router columns with random weights (the rest of each row is a hole)
 EMBD_ROWS = N_VOCAB  # token embedding rows with random weights: the byte vocabulary's ids (0..258)
-ALIGNMENT = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,54 +176,29 @@ def write_published(name: str | Published, out_dir: str | Path, *, llama_quantiz
                          progress=progress)
 
 
-def _cut(sizes: list[int], n_shards: int) -> list[int]:
-    """Shard index of each tensor: a new shard starts at the tensor that crosses each 1/n of the data."""
-    total, acc, out = sum(sizes), 0, []
-    for s in sizes:
-        out.append(min(n_shards - 1, acc * n_shards // total))
-        acc += s
-    return out
-
-
 def _write_sparse(spec: SyntheticSpec, tensors: list[TensorDef], types: dict[str, str], path: Path, n_shards: int,
                   *, data: str, progress: Callable[[int, int], None] | None = None) -> list[Path]:
     """data: "none" (all holes), "sparse" (_data) or "random" (random_data: every byte)."""
     qtypes = {t.name: _qtype(types[t.name]) for t in tensors}
-    sizes = [_nbytes(t.shape, qtypes[t.name]) for t in tensors]
-    shard_of = _cut(sizes, n_shards) if n_shards > 1 else [0] * len(tensors)
-    paths = shard_paths(path, n_shards)
+    rows = [(t.name, t.shape, qtypes[t.name], _nbytes(t.shape, qtypes[t.name])) for t in tensors]
     pools: dict = {}
-    written, total = 0, sum(sizes)
-    for i, p in enumerate(paths):
-        w = gguf.GGUFWriter(p, spec.arch)
-        if i == 0:
-            add_metadata(w, spec)
-        if n_shards > 1:
-            w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, i)
-            w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, n_shards)
-            w.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(tensors))
-        mine = [(t, n) for t, n, s in zip(tensors, sizes, shard_of) if s == i]
-        for t, n in mine:
-            w.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), n, raw_dtype=qtypes[t.name])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        f = w.fout[0]
-        start = -(-f.tell() // ALIGNMENT) * ALIGNMENT
-        offset = 0
-        for t, n in mine:
-            chunks = (_data(spec, t, qtypes[t.name]) if data == "sparse" else
-                      random_data(spec, t, qtypes[t.name], pools) if data == "random" else ())
-            for at, chunk in chunks:
-                f.seek(start + offset + at)
-                f.write(chunk)
-                written += len(chunk)
-                if progress:
-                    progress(written, total)
-            offset += -(-n // ALIGNMENT) * ALIGNMENT
-        f.truncate(start + offset)
-        w.close()
-    return paths
+    written, total = 0, sum(r[3] for r in rows)
+
+    def write_tensor(j: int, f) -> None:
+        nonlocal written
+        t = tensors[j]
+        base = f.tell()
+        chunks = (_data(spec, t, qtypes[t.name]) if data == "sparse" else
+                  random_data(spec, t, qtypes[t.name], pools) if data == "random" else ())
+        for at, chunk in chunks:
+            f.seek(base + at)
+            f.write(chunk)
+            written += len(chunk)
+            if progress:
+                progress(written, total)
+
+    return write_shards(path, spec.arch, n_shards, rows, lambda w: add_metadata(w, spec),
+                        None if data == "none" else write_tensor)
 
 
 def _data(spec: SyntheticSpec, t: TensorDef, qtype) -> Iterable[tuple[int, bytes]]:

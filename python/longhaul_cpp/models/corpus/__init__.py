@@ -19,12 +19,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import gguf
-import numpy as np
 
-from ...paths import shard_paths
+from ..shards import write_shards
 
 HERE = Path(__file__).resolve().parent
-ALIGNMENT = 32
 
 _SCALARS = {
     "u8": gguf.GGUFValueType.UINT8, "i8": gguf.GGUFValueType.INT8, "u16": gguf.GGUFValueType.UINT16,
@@ -214,15 +212,6 @@ def add_metadata(w: gguf.GGUFWriter, entry: Entry) -> None:
             w.add_key_value(key, value, _SCALARS[typ])
 
 
-def _cut(sizes: list[int], n_shards: int) -> list[int]:
-    """Shard index of each tensor: a new shard starts at the tensor that crosses each 1/n of the data."""
-    total, acc, out = sum(sizes) or 1, 0, []
-    for s in sizes:
-        out.append(min(n_shards - 1, acc * n_shards // total))
-        acc += s
-    return out
-
-
 def write_header_file(entry: Entry | str, out_dir: str | Path) -> list[Path]:
     """The published file's header at its real scale: every key and tensor as published, the data a sparse hole
     (a few MiB on disk where the filesystem keeps holes). Returns the shard paths."""
@@ -235,31 +224,7 @@ def write_file(entry: Entry, out_dir: str | Path,
     file at the tensor's offset), or left a hole without it. Returns the shard paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = [t.nbytes for t in entry.tensors]
-    shard_of = _cut(sizes, entry.shards) if entry.shards > 1 else [0] * len(sizes)
-    paths = shard_paths(out / f"{entry.name}.gguf", entry.shards)
-    for i, p in enumerate(paths):
-        w = gguf.GGUFWriter(p, entry.arch)
-        if i == 0:
-            add_metadata(w, entry)
-        if entry.shards > 1:
-            w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_NO, i)
-            w.add_uint16(gguf.Keys.Split.LLM_KV_SPLIT_COUNT, entry.shards)
-            w.add_int32(gguf.Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, len(entry.tensors))
-        mine = [(j, t, n) for j, (t, n, s) in enumerate(zip(entry.tensors, sizes, shard_of)) if s == i]
-        for _, t, n in mine:
-            w.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), n, raw_dtype=t.qtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        f = w.fout[0]
-        start = -(-f.tell() // ALIGNMENT) * ALIGNMENT
-        offset = 0
-        for j, t, n in mine:
-            if write_tensor is not None:
-                f.seek(start + offset)
-                write_tensor(j, t, f)
-            offset += -(-n // ALIGNMENT) * ALIGNMENT
-        f.truncate(start + offset)
-        w.close()
-    return paths
+    tensors = [(t.name, t.ne, t.qtype, t.nbytes) for t in entry.tensors]
+    return write_shards(out / f"{entry.name}.gguf", entry.arch, entry.shards, tensors,
+                        lambda w: add_metadata(w, entry),
+                        None if write_tensor is None else lambda j, f: write_tensor(j, entry.tensors[j], f))
