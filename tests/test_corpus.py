@@ -133,3 +133,16 @@ def test_cli_writes_a_published_header_that_info_reads(tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "longhaul_cpp", "published", name, str(tmp_path), "--data", "random"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "its weights are not known" in r.stderr
+
+
+def test_shards_are_cut_by_size_and_never_empty() -> None:
+    from longhaul_cpp.models.shards import cut
+
+    assert cut([10, 10, 10, 10], 2) == [0, 0, 1, 1]
+    assert cut([1, 100, 1, 1, 1], 3) == [0, 0, 1, 2, 2]  # the large tensor spans two thirds: shard 1 is not empty
+    rng = __import__("random").Random(0)
+    for _ in range(200):
+        sizes = [rng.choice([1, 10, 1000]) for _ in range(rng.randint(3, 30))]
+        n = rng.randint(2, len(sizes))
+        shard_of = cut(sizes, n)
+        assert sorted(set(shard_of)) == list(range(n)) and shard_of == sorted(shard_of)
