@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -133,3 +134,13 @@ def test_library_log_goes_to_python_logging(model_path, caplog) -> None:
         with Model(model_path) as m:
             m.context(n_ctx=128).close()
     assert any(r.name == "longhaul_cpp.llama" and "qwen3moe" in r.getMessage() for r in caplog.records)
+
+
+def test_reading_threads_default_has_one_home() -> None:
+    """The reads the bench's disk probe keeps in flight are the library's default reading threads and the caller:
+    llama_longhaul_io_threads_default() (4 to 8, by the cores the process may use), not a copy of its rule."""
+    from longhaul_cpp.disk import pool_reads_in_flight
+
+    n = int(lib().llama_longhaul_io_threads_default())
+    assert 4 <= n <= 8 and n <= max(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 8)
+    assert pool_reads_in_flight() == n + 1

@@ -18,7 +18,7 @@ from .paths import shard_list
 def pool_reads_in_flight() -> int:
     """Reads the library keeps in flight by default: its reading threads (`longhaul_io_threads = 0`, the library's
     llama_longhaul_io_threads_default()) and the thread that waits for them, which reads too."""
-    return int(lib.llama_longhaul_io_threads_default()) + 1
+    return int(lib().llama_longhaul_io_threads_default()) + 1
 
 
 class DiskError(RuntimeError):
