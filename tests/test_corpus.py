@@ -140,6 +140,7 @@ def test_shards_are_cut_by_size_and_never_empty() -> None:
 
     assert cut([10, 10, 10, 10], 2) == [0, 0, 1, 1]
     assert cut([1, 100, 1, 1, 1], 3) == [0, 0, 1, 2, 2]  # the large tensor spans two thirds: shard 1 is not empty
+    assert cut([1, 1], 3) == [0, 1]  # fewer tensors than shards: a shard stays empty (as a published split may)
     rng = __import__("random").Random(0)
     for _ in range(200):
         sizes = [rng.choice([1, 10, 1000]) for _ in range(rng.randint(3, 30))]

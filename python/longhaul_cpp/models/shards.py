@@ -15,15 +15,16 @@ ALIGNMENT = 32  # gguf-py's default data alignment
 
 def cut(sizes: Sequence[int], n_shards: int) -> list[int]:
     """Shard index of each tensor: a new shard starts at the tensor that crosses each 1/n of the data, and no shard
-    is left empty (a large tensor would otherwise span several 1/n)."""
+    is left empty (a large tensor would otherwise span several 1/n) unless there are fewer tensors than shards (a
+    published split may hold only the metadata in its first shard)."""
     if n_shards <= 1:
         return [0] * len(sizes)
-    if len(sizes) < n_shards:
-        raise ValueError(f"{len(sizes)} tensors cannot fill {n_shards} shards")
     total, acc, out = sum(sizes) or 1, 0, []
     for s in sizes:
         out.append(min(n_shards - 1, acc * n_shards // total))
         acc += s
+    if len(sizes) < n_shards:
+        return out
     # each shard starts at least one tensor after the one before, and leaves one for each shard after it
     starts = [0] + [next((j for j, o in enumerate(out) if o >= i), len(out)) for i in range(1, n_shards)]
     for i in range(1, n_shards):
