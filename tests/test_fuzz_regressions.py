@@ -82,3 +82,5 @@ def test_a_fuzzer_finding_fails_cleanly(tmp_path, name: str, mode: str) -> None:
         assert r.stdout.startswith("loaded"), r.stdout + r.stderr[-2000:]
     else:
         assert r.stdout.startswith("refused:") and want in r.stdout, f"expected a refusal naming {want!r}: {r.stdout}"
+        # auto's first dry run is at every expert cached, and says so (not as a budget of 2^63 bytes)
+        assert "the dry run" not in r.stdout or "the dry run of" in r.stdout and "with every expert cached" in r.stdout

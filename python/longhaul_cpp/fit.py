@@ -55,7 +55,8 @@ def _measure(path: Path, mparams: Any, cparams: Any, budget: int) -> CacheFit:
     with quiet_log():
         ok = lib().llama_longhaul_measure(os.fsencode(path), mparams, cparams, m)
     if not ok:
-        raise_error(f"longhaul_cache='auto': the dry run of {path} at a budget of {size_text(budget)} failed", mark)
+        at = "with every expert cached" if budget == _EVERY_EXPERT else f"at a budget of {size_text(budget)}"
+        raise_error(f"longhaul_cache='auto': the dry run of {path} {at} failed", mark)
     avail = int(m.available)
     return CacheFit(budget=budget, available=avail, resident=m.resident, context=m.context, compute=m.compute,
                     io=m.io, headroom=max(HEADROOM_MIN, avail // HEADROOM_DIV), cache=m.cache,
