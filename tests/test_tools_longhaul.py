@@ -94,6 +94,10 @@ def test_longhaul_switches_reach_the_library(model) -> None:
               "--longhaul-io-threads", "3")
     assert "0 of 1 shard(s) read with O_DIRECT" in err and "as the direct-I/O flag says" in err
     assert "expert waves read the next wave's experts while they compute" in err
+    # 0.5 GiB caches every expert of this small model: the prefetch has nothing to guess, and says so
+    assert "cross-layer prefetch off although asked for: no routed layer" in err
+    half = gib_arg(inspect_model(model).budget_for(MODEL.n_expert // 2))
+    err = log("--longhaul-direct-io", "off", "--longhaul-prefetch", "--longhaul-cache", half)
     assert "cross-layer prefetch on" in err
     err = log(env={**os.environ, "LLAMA_ARG_LONGHAUL_PIPELINE": "off"})
     assert "expert waves read their experts when they start" in err
