@@ -2,7 +2,10 @@
 llama-cpp-python's `llama_cpp` (the unpatched pin) or through `longhaul_cpp`; print what happened as JSON:
 {"ok": loaded, "log": the library's log lines}.
 
-    python corpus_load.py llama_cpp|longhaul_cpp MODEL [longhaul BUDGET_BYTES]
+    python corpus_load.py llama_cpp|longhaul_cpp MODEL [longhaul BUDGET_BYTES|auto]
+
+`auto`: the budget `longhaul_cache="auto"` chooses (fit_longhaul_cache: dry runs for a 256-token context, ubatch 64),
+then the load at it ({"budget": bytes}), or {"ok": false, "error": why} where not even one slot per layer fits.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import sys
 import tempfile
 
 MODULE, MODEL = sys.argv[1], sys.argv[2]
-LONGHAUL = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "longhaul" else 0
+LONGHAUL = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "longhaul" else ""
 # a split model keeps every shard open: as many descriptors as the system lets a process have
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -53,16 +56,22 @@ def main() -> dict:
     log = logging.getLogger("longhaul_cpp")
     log.addHandler(Keep())
     log.setLevel(logging.DEBUG)
-    from longhaul_cpp import LlamaError, LoadMode, Model
+    from longhaul_cpp import LlamaError, LoadMode, Model, fit_longhaul_cache
 
-    kw = {"load_mode": LoadMode.LONGHAUL, "longhaul_cache_bytes": LONGHAUL} if LONGHAUL else {"load_mode": LoadMode.NONE}
+    out: dict = {}
     try:
+        budget = 0
+        if LONGHAUL == "auto":
+            budget = out["budget"] = fit_longhaul_cache(MODEL, context_params={"n_ctx": 256, "n_ubatch": 64}).budget
+        elif LONGHAUL:
+            budget = int(LONGHAUL)
+        kw = {"load_mode": LoadMode.LONGHAUL, "longhaul_cache_bytes": budget} if budget else {"load_mode": LoadMode.NONE}
         with Model(MODEL, no_alloc=True, **kw) as m:
-            out = {"ok": True}
+            out["ok"] = True
             if LONGHAUL:
                 out["slots"] = [layer.n_slots for layer in m.longhaul_stats().layers]
     except LlamaError as e:
-        out = {"ok": False, "error": str(e)}
+        out.update(ok=False, error=str(e))
     out["log"] = lines
     return out
 

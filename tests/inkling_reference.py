@@ -140,8 +140,8 @@ def forward(w: dict[str, np.ndarray], hp: dict[str, object], tokens: list[int]) 
                     f[t] += we * (w[p + "ffn_down_exps.weight"][e] @ a)
                 for sidx in range(2):
                     ws = route_scale * gscale * sg[t, n_exp + sidx] / dsum
-                    a = _silu(w[p + "ffn_gate_shexps.weight"][sidx] @ h2[t]) * (w[p + "ffn_up_shexps.weight"][sidx] @ h2[t])
-                    f[t] += w[p + "ffn_down_shexps.weight"][sidx] @ (ws * a)
+                    a = _silu(w[p + "ffn_gate_shexp.weight"][sidx] @ h2[t]) * (w[p + "ffn_up_shexp.weight"][sidx] @ h2[t])
+                    f[t] += w[p + "ffn_down_shexp.weight"][sidx] @ (ws * a)
         f = short_conv(f, w[p + "shortconv_mlp.weight"])
         x = x + f
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import longhaul_cpp
 from longhaul_cpp import LlamaError, LoadMode, Model, lib
 from longhaul_cpp.models.spec import N_VOCAB
 
@@ -144,3 +146,56 @@ def test_reading_threads_default_has_one_home() -> None:
     n = int(lib().llama_longhaul_io_threads_default())
     assert 4 <= n <= 8 and n <= max(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 8)
     assert pool_reads_in_flight() == n + 1
+
+
+def _imports(path: Path) -> set[str]:
+    """The package modules `path` imports, at run time or for type checking only (any `import` statement)."""
+    import ast
+
+    mod = path.with_suffix("").relative_to(PACKAGE.parent).as_posix().replace("/", ".").removesuffix(".__init__")
+    here = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = here
+            for _ in range(max(0, node.level - 1)):
+                base = base.rsplit(".", 1)[0]
+            target = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+            names = [f"{target}.{a.name}" for a in node.names]
+            out.update(n if n in MODULES else target for n in names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m in MODULES and m != mod}
+
+
+PACKAGE = Path(longhaul_cpp.__file__).parent
+MODULES = {p.with_suffix("").relative_to(PACKAGE.parent).as_posix().replace("/", ".").removesuffix(".__init__")
+           for p in PACKAGE.rglob("*.py")}
+
+
+def test_no_import_circle() -> None:
+    """No two modules of the package import each other, directly or through others, counting the imports made for
+    type checking only: each concept has one home and the layers read one way (a package's __init__, which
+    re-exports its modules, is left out as a target of its own modules' imports)."""
+    graph: dict[str, set[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        mod = p.with_suffix("").relative_to(PACKAGE.parent).as_posix().replace("/", ".").removesuffix(".__init__")
+        packages = {mod.rsplit(".", i)[0] for i in range(1, mod.count(".") + 1)}
+        graph[mod] = {m for m in _imports(p) if m not in packages}
+    assert "longhaul_cpp.model" in graph["longhaul_cpp.llama.llama"], "the scan found no imports"
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, cycles

@@ -8,6 +8,7 @@ routed experts (top-3) and the 2 shared ones: a 60-token prompt crosses the wind
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -95,6 +96,26 @@ def test_inkling_without_one_kind_of_attention_layer(make_model, layers) -> None
     assert max(_rel_err(logits[s], full[n_p - 1 + s]) for s in range(N_DECODE + 1)) < REL_TOL
     _, lh_logits, lh_gen = _run(path, 16, load_mode=LoadMode.LONGHAUL, longhaul_cache=1)
     assert lh_gen == gen and all(np.array_equal(a, b) for a, b in zip(lh_logits, logits))
+
+
+def test_inkling_shared_width_as_published(inkling_model, make_model) -> None:
+    """The public converter writes the shared experts as `ffn_{gate,up,down}_shexp` (3-D, two experts) and no
+    `expert_shared_feed_forward_length`: their width is the routed experts'. A file with the key and another width
+    (which no converter writes, but the key is read where present) runs with that width."""
+    import gguf
+
+    r = gguf.GGUFReader(str(inkling_model))
+    assert "inkling.expert_shared_feed_forward_length" not in r.fields
+    shexp = [t for t in r.tensors if "shexp" in t.name]
+    assert shexp and all(re.search(r"\.ffn_(gate|up|down)_shexp\.weight$", t.name) for t in shexp)
+    assert all(sorted(t.shape.tolist()) == [2, 32, 64] for t in shexp)
+
+    path = make_model(**dataclasses.asdict(tiny_spec(n_ff_shexp=48)))[0]
+    assert "inkling.expert_shared_feed_forward_length" in gguf.GGUFReader(str(path)).fields
+    w, hp = ref.load(path)
+    prompt, logits, gen = _run(path, 16)
+    full = ref.forward(w, hp, prompt + gen)
+    assert max(_rel_err(logits[s], full[len(prompt) - 1 + s]) for s in range(N_DECODE + 1)) < REL_TOL
 
 
 def test_reference_is_sensitive_to_the_bias_and_convs(reference, inkling_model) -> None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -11,8 +11,24 @@ from .longhaul import python_budget_advice
 from .params import context_params
 from .routing import RoutingRecorder
 
-if TYPE_CHECKING:
-    from .model import Model
+
+
+class ContextModel(Protocol):
+    """What a context uses of its model (a `Model`): named here so that this module does not import model.py,
+    which imports this one to make contexts."""
+
+    @property
+    def ptr(self) -> Any: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def is_longhaul(self) -> bool: ...
+    def longhaul_error(self) -> str: ...
+    def is_eog(self, token: int) -> bool: ...
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray: ...
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes: ...
+    def detokenize(self, tokens: Sequence[int] | np.ndarray) -> str: ...
+    def context(self, **params: Any) -> Context: ...
 
 
 class Context(Handle):
@@ -20,7 +36,7 @@ class Context(Handle):
 
     _what = "context"
 
-    def __init__(self, model: Model, *, routing: RoutingRecorder | None = None, **params: Any) -> None:
+    def __init__(self, model: ContextModel, *, routing: RoutingRecorder | None = None, **params: Any) -> None:
         """`routing`: a RoutingRecorder that reads the routed expert ids through this context's eval callback."""
         self._ptr = ffi.NULL
         self.model = model
@@ -179,7 +195,7 @@ class Context(Handle):
         return {f: getattr(d, f) for f, _ in ffi.typeof("struct llama_perf_context_data").fields}
 
 
-def greedy_generate(model: Model, prompt: str, n_predict: int, **ctx_params: Any) -> tuple[list[int], str]:
+def greedy_generate(model: ContextModel, prompt: str, n_predict: int, **ctx_params: Any) -> tuple[list[int], str]:
     """Tokenize `prompt`, generate `n_predict` tokens greedily in a fresh context; return (ids, text)."""
     with model.context(**ctx_params) as ctx:
         ids = list(ctx.greedy(model.tokenize(prompt), n_predict))

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .llama import Llama
+
+class Tokenizing(Protocol):
+    """What a tokenizer uses of its `Llama`: named here so that this module does not import llama.py, which imports
+    this one."""
+
+    def tokenize(self, text: bytes | str, add_bos: bool = True, special: bool = False) -> list[int]: ...
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes: ...
 
 
 class LlamaTokenizer:
-    def __init__(self, llama: Llama) -> None:
+    def __init__(self, llama: Tokenizing) -> None:
         self._llama = llama
 
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:

@@ -65,7 +65,7 @@ class Published:
 # 6.4-7.3 MiB per expert, 2.1-2.4 bits per routed weight. The first dynamic recipe (DeepSeek-R1's UD-IQ1_S: gate/up
 # IQ1_S, down IQ2_XXS) gives 5.2 MiB and 9 slots: the file keeps more of its experts at higher types.
 INKLING_UD_IQ1_S = (r"blk\.([2-5]|3[89]|4[01])\.ffn_(gate|up)_exps=iq2_xxs", "ffn_(gate|up)_exps=iq1_m",
-                    "ffn_down_exps=iq3_xxs", r"attn_(q|k|v|output|r)\.weight=q4_k", "_shexps=q4_k",
+                    "ffn_down_exps=iq3_xxs", r"attn_(q|k|v|output|r)\.weight=q4_k", "_shexp=q4_k",
                     r"blk\.[01]\.ffn_(gate|up|down)=q4_k")
 
 PUBLISHED: dict[str, Published] = {

@@ -182,9 +182,9 @@ def _inkling_tensors(spec: SyntheticSpec) -> Iterator[TensorDef]:
         yield TensorDef(p + "ffn_gate_exps.weight", (E, F, X), "expert", inv(E))
         yield TensorDef(p + "ffn_up_exps.weight", (E, F, X), "expert", inv(E))
         yield TensorDef(p + "ffn_down_exps.weight", (F, E, X), "expert", inv(F))
-        yield TensorDef(p + "ffn_gate_shexps.weight", (E, Fs, 2), "matrix", inv(E))
-        yield TensorDef(p + "ffn_up_shexps.weight", (E, Fs, 2), "matrix", inv(E))
-        yield TensorDef(p + "ffn_down_shexps.weight", (Fs, E, 2), "matrix", inv(Fs))
+        yield TensorDef(p + "ffn_gate_shexp.weight", (E, Fs, 2), "matrix", inv(E))
+        yield TensorDef(p + "ffn_up_shexp.weight", (E, Fs, 2), "matrix", inv(E))
+        yield TensorDef(p + "ffn_down_shexp.weight", (Fs, E, 2), "matrix", inv(Fs))
 
 
 def _ssm_dims(spec: SyntheticSpec) -> tuple[int, int, int]:
@@ -248,7 +248,8 @@ def add_metadata(w, spec: SyntheticSpec) -> None:
         w.add_uint32(f"{a}.attention.sliding_window", spec.n_swa)
         w.add_array(f"{a}.attention.sliding_window_pattern", [spec.is_swa(il) for il in range(n)])
         w.add_uint32(f"{a}.expert_shared_count", 2)
-        w.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
+        if spec.n_ff_shexp != spec.n_ff_exp:  # the public converter writes none: the shared width is the routed one
+            w.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
         w.add_float32(f"{a}.expert_weights_scale", 8.0)
         w.add_uint32(f"{a}.expert_gating_func", 2)  # sigmoid
         w.add_uint32(f"{a}.unpadded_vocab_size", spec.n_vocab_unpadded)
