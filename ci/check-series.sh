@@ -2,7 +2,7 @@
 # Every prefix of the patch series builds and passes the library tests (run by hand, not in CI;
 # about 10 minutes with a warm ccache). The series is materialized into a scratch fork; each of its
 # commits is checked out in turn and built in one build folder (only what changed rebuilds):
-# libllama, common, test-longhaul and test-longhaul-args (from the patches that add them), test-llama-archs
+# libllama, common, the longhaul test programs (from the patches that add them), test-llama-archs
 # and test-arg-parser; then the tests that exist at that commit run. The whole suite runs on the
 # complete series in CI (bash ci/test.sh).
 #   bash ci/check-series.sh [WORK_DIR]     (default build/check-series)
@@ -26,7 +26,9 @@ for c in $(git -C "$fork" rev-list --reverse upstream..HEAD); do
     git -C "$fork" checkout -q "$c"
     subject=$(git -C "$fork" log -1 --format=%s "$c")
     targets=(llama test-llama-archs test-arg-parser)
-    grep -q "test-longhaul" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul)
+    for t in test-longhaul-policy test-longhaul-io test-longhaul; do
+        grep -q "$t.cpp" "$fork/tests/CMakeLists.txt" && targets+=("$t")
+    done
     grep -q "test-longhaul-offload" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul-offload)
     grep -q "test-longhaul-args" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul-args)
     if ! ninja -C "$work/build" "${targets[@]}" >"$work/build-$n.log" 2>&1; then
@@ -39,7 +41,9 @@ for c in $(git -C "$fork" rev-list --reverse upstream..HEAD); do
         exit 1
     fi
     tests=("test-llama-archs -a qwen3moe" "test-llama-archs -a qwen35moe" "test-llama-archs -a laguna" "test-arg-parser")
-    [ -x "$bin/test-longhaul" ] && grep -q "test-longhaul" "$fork/tests/CMakeLists.txt" && tests+=("test-longhaul")
+    for t in test-longhaul-policy test-longhaul-io test-longhaul; do
+        grep -q "$t.cpp" "$fork/tests/CMakeLists.txt" && tests+=("$t")
+    done
     grep -q "test-longhaul-args" "$fork/tests/CMakeLists.txt" && tests+=("test-longhaul-args")
     for t in "${tests[@]}"; do
         if ! LLAMA_ARG_TEST_OFFLINE=1 $bin/$t >"$work/test-$n.log" 2>&1; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Cross-compile the patched tree for Windows x64 with Debian's mingw-w64 (posix threads): libllama, ggml (CPU)
-# and what the suite runs under wine (test-longhaul, llama-completion); TARGETS="..." builds others (the Windows
+# and what the suite runs under wine (the longhaul unit tests, llama-completion); TARGETS="..." builds others (the Windows
 # wheel, ci/wheel-windows.sh, builds every tool). Compile and link only (docs/portability.md). One build at a time
 # per folder: a second call waits for the first (ci/test.sh starts it in the background, the tests call it again).
 # Usage: ci/mingw-build.sh [BUILD_DIR]
@@ -30,5 +30,5 @@ cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
     -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=ON \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF >/dev/null
 # shellcheck disable=SC2086
-cmake --build "$BUILD" -j "${JOBS:-2}" --target ${TARGETS:-llama llama-completion test-longhaul}
+cmake --build "$BUILD" -j "${JOBS:-2}" --target ${TARGETS:-llama llama-completion test-longhaul-policy test-longhaul-io test-longhaul}
 ls "$BUILD"/bin/*.exe | sed 's/^/built: /'

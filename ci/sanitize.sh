@@ -3,7 +3,7 @@
 #   asan  AddressSanitizer + UndefinedBehaviorSanitizer (+ libFuzzer's coverage, so the fuzzer links to the same
 #         libraries): the series' C++ tests with leak checking, then the Python suites that exercise longhaul
 #         against the sanitized libllama (the runtime preloaded into Python);
-#   tsan  ThreadSanitizer: test-longhaul (the I/O pool, prefetch's detach and cancel, restore), then a llama-server
+#   tsan  ThreadSanitizer: the longhaul unit tests (the I/O pool's detach and cancel, the policy's restore), then a llama-server
 #         in longhaul mode with --parallel 4 under the soak's clients and pollers (longhaul-cpp soak --server);
 #   fuzz  the libFuzzer target over a longhaul load (tests/fuzz/), on the asan build, for FUZZ_SECONDS (default 60).
 # A report fails the run (halt_on_error; UBSan does not recover). Suppressions: ci/suppressions/ (upstream code the
@@ -78,8 +78,8 @@ build() {
         -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_APP=OFF >"$BUILD.cmake.log"
-    local targets=(llama test-longhaul test-longhaul-args test-longhaul-offload)
-    [ "$san" = tsan ] && targets=(llama test-longhaul llama-server)
+    local targets=(llama test-longhaul-policy test-longhaul-io test-longhaul test-longhaul-args test-longhaul-offload)
+    [ "$san" = tsan ] && targets=(llama test-longhaul-policy test-longhaul-io test-longhaul llama-server)
     [ "$short" = 0 ] && [ "$san" = asan ] && targets+=(llama-server llama-cli llama-bench)
     cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
     if [ "$san" = asan ]; then  # the fuzzer: the target and its structure-aware mutator, on the sanitized libraries
@@ -153,8 +153,10 @@ asan)
     ;;
 tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
-    echo "ci/sanitize.sh: tsan: test-longhaul"
-    "$bin/test-longhaul" >"$work/t.log" 2>&1 || { tail -n 80 "$work/t.log"; echo "ci/sanitize.sh: tsan: test-longhaul failed" >&2; exit 1; }
+    for t in test-longhaul-policy test-longhaul-io test-longhaul; do
+        echo "ci/sanitize.sh: tsan: $t"
+        "$bin/$t" >"$work/t.log" 2>&1 || { tail -n 80 "$work/t.log"; echo "ci/sanitize.sh: tsan: $t failed" >&2; exit 1; }
+    done
     model
     secs=60
     [ "$short" = 1 ] && secs=20

@@ -4,7 +4,9 @@
 # the Windows build's unit tests), the Vulkan headers and shader compiler with Mesa's lavapipe (the
 # Vulkan variant and its tests). Everything the wheel build needs comes from PyPI through pip
 # (scikit-build-core, cmake, ninja, cffi, numpy, gguf).
+#   bash ci/setup.sh [default|long]   default: ccache only (what `bash ci/test.sh` needs); long: everything
 set -uo pipefail
+set_name=${1:-long}
 if ! command -v ccache >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "ci/setup.sh: installing ccache (Debian package)"
@@ -14,6 +16,7 @@ if ! command -v ccache >/dev/null 2>&1; then
         echo "ci/setup.sh: ccache not found; building without it"
     fi
 fi
+[ "$set_name" = default ] && exit 0
 # the sanitizers (ASan, UBSan, TSan) and libFuzzer of ci/sanitize.sh
 if ! command -v clang >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # The README's test command: build the wheel (with upstream's peer tests built in the same
 # tree), install it into a fresh virtual environment away from the source tree, and run the
-# whole suite with that environment's Python against the installed wheel.
+# suite with that environment's Python against the installed wheel.
+#   bash ci/test.sh [PYTEST ARGS]          every test but the long forms (pytest -m "not long")
+#   bash ci/test.sh --long [PYTEST ARGS]   the long forms (-m long): the Windows, Vulkan, sanitized and macOS
+#                                          builds and their tests, the published headers at real scale and reduced
+# CI (.ci/run) runs both, one after the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+set_name=default
+if [ "${1:-}" = "--long" ]; then
+    set_name=long
+    shift
+fi
 
-bash ci/setup.sh
+bash ci/setup.sh "$set_name"
 # ccache: paths below the checkout are hashed relative to it, so a fresh clone in
 # another folder (as CI makes) hits the cache of an earlier build
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
@@ -69,12 +78,14 @@ bg_build() {  # name script arguments...
     shift
     ( s=$(date +%s); nice -n 10 bash "ci/$1" "${@:2}" >"$bg/$name.log" 2>&1; echo "$? $(( $(date +%s) - s ))" >"$bg/$name.rc" ) &
 }
-command -v x86_64-w64-mingw32-g++-posix >/dev/null && bg_build mingw mingw-build.sh "$PWD/build/mingw"
-command -v glslc >/dev/null && bg_build vulkan vulkan-build.sh "$PWD/build/vulkan"
-# the sanitized tree (ASan + UBSan, with the fuzzer): tests/test_sanitizers.py runs its short forms
-command -v clang >/dev/null && PYTHON="$venv/bin/python" bg_build asan sanitize.sh asan --short --build-only
-# macOS arm64 with zig (its own venv, ci/zig-python.sh): tests/test_macos_cross.py checks the result
-command -v llvm-otool-14 >/dev/null && bg_build macos macos-cross.sh arm64 "$PWD/build/macos-arm64"
+if [ "$set_name" = long ]; then
+    command -v x86_64-w64-mingw32-g++-posix >/dev/null && bg_build mingw mingw-build.sh "$PWD/build/mingw"
+    command -v glslc >/dev/null && bg_build vulkan vulkan-build.sh "$PWD/build/vulkan"
+    # the sanitized tree (ASan + UBSan, with the fuzzer): tests/test_sanitizers.py runs its short forms
+    command -v clang >/dev/null && PYTHON="$venv/bin/python" bg_build asan sanitize.sh asan --short --build-only
+    # macOS arm64 with zig (its own venv, ci/zig-python.sh): tests/test_macos_cross.py checks the result
+    command -v llvm-otool-14 >/dev/null && bg_build macos macos-cross.sh arm64 "$PWD/build/macos-arm64"
+fi
 report_bg() {
     wait
     for f in "$bg"/*.rc; do
@@ -120,4 +131,6 @@ fi
 echo "ci/test.sh: llama-cpp-python 0.3.36 installed in $(( $(date +%s) - start )) s"
 
 # pytest exits 5 when it collected nothing: that is a failure here too
-"$venv/bin/python" -m pytest -ra -p no:cacheprovider --durations=25 --basetemp="$tmp/pytest" tests "$@"
+marker="not long"
+[ "$set_name" = long ] && marker="long"
+"$venv/bin/python" -m pytest -ra -p no:cacheprovider --durations=25 --basetemp="$tmp/pytest" -m "$marker" tests "$@"

@@ -3,7 +3,7 @@
 Each architecture's graph (src/models/*.cpp at the pin) may assert that the rope dimension count equals a head size
 (`GGML_ASSERT(n_embd_head == n_rot)`) or that key_length equals value_length
 (`GGML_ASSERT(n_embd_head == hparams.n_embd_head_k())` where n_embd_head is the V size). A header that breaks a live
-assert aborts the process at the first graph, so the loader refuses it (patch 0015); a header that breaks an assert
+assert aborts the process at the first graph, so the loader refuses it (patch 0016); a header that breaks an assert
 upstream commented out (MiniMax, Nemotron: their published files rotate half a head) runs, and must load.
 
 `graph_head_asserts(root)` maps each architecture name (as in a GGUF's general.architecture) to the equalities its

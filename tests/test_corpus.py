@@ -77,6 +77,7 @@ def test_the_guard_sees_a_refusal(tmp_path) -> None:
     assert not ours["ok"] and "blk.0.ffn_up_exps.weight" in ours["error"]
 
 
+@pytest.mark.long  # every published header at real scale, in both builds
 def test_published_headers_load_as_the_pin_loads_them(tmp_path) -> None:
     if not sparse_files_supported(tmp_path):
         pytest.skip("this filesystem keeps no holes: the real-scale headers would take their full size")

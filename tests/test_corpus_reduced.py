@@ -27,6 +27,9 @@ from test_corpus import FORK_ARCHS, _error, _load
 from test_llama_cpp_python import _llama_cpp_python
 from test_loader_checks import _greedy_run
 
+# a long form (bash ci/test.sh --long): each reduced published model, in the pin and in our two loads
+pytestmark = pytest.mark.long
+
 CI_SET = ["granite-3.1-3b-a800m-instruct-q4_k_m", "olmoe-1b-7b-0924-instruct-q4_k_m", "gpt-oss-20b-mxfp4",
           "deepseek-r1-0528-ud-q3_k_xl", "qwen3-next-80b-a3b-instruct-q4_k_m", "inkling-small-ud-iq2_xxs"]
 MAX_BYTES = 8 << 30

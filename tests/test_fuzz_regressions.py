@@ -52,7 +52,7 @@ EXPECTED = {
     "attn-sinks-f16.bin": "tensor 'blk.0.attn_sinks.weight' is f16",
     "expert-count-0.bin": "GLM4_MOE needs experts",
     "exps-bias-f16.bin": "tensor 'blk.1.ffn_down_exps.bias' is f16",
-    "file-type-7679.bin": "loaded",  # an unknown general.file_type is only a label: ignored (patch 0010)
+    "file-type-7679.bin": "loaded",  # an unknown general.file_type is only a label: ignored (patch 0011)
     "kv-type-cut.bin": "failed to read key-value pairs",
     "llama4-rope-not-head.bin": "invalid n_rot: 167772176, expected 16",
     "mla-head-count-kv.bin": "attn_kv_a_mqa gives 40 values per token",

@@ -1,6 +1,6 @@
 """Files that lie, in a normal load and in longhaul mode, each loaded in a child process (an abort fails the test,
 not the suite): a header whose layer or expert counts are out of range fails the load with the key and what is wrong
-(patch 0009: upstream's GGML_ASSERTs on these counts aborted; issue 46 found 35 of 320 mutated headers doing so),
+(patch 0010: upstream's GGML_ASSERTs on these counts aborted; issue 46 found 35 of 320 mutated headers doing so),
 and the shards of a split model given in the wrong order, twice, from a split of another count or of another
 shape, or cut short fail the load naming the file or the tensor; a shard cut short under a running server fails the
 requests that read past its end, and the server keeps serving."""

@@ -13,6 +13,9 @@ import pytest
 
 from conftest import ROOT
 
+# a long form (bash ci/test.sh --long): the macOS arm64 cross build
+pytestmark = pytest.mark.long
+
 OTOOL = shutil.which("llvm-otool-14")
 needs_llvm = pytest.mark.skipif(OTOOL is None and not os.environ.get("CI"),
                                 reason="needs LLVM's otool (apt-get install llvm-14)")
@@ -48,7 +51,8 @@ def test_patched_tree_and_tools_build_for_macos_arm64() -> None:
     names = {p.name for p in (build / "pkg" / "bin").iterdir()}
     assert {"llama-server", "llama-cli", "llama-bench", "llama-completion"} <= names, names
     tests = {p.name for p in (build / "bin").iterdir()}
-    assert {"test-longhaul", "test-longhaul-args", "test-longhaul-offload", "test-llama-archs"} <= tests, tests
+    assert {"test-longhaul-policy", "test-longhaul-io", "test-longhaul", "test-longhaul-args", "test-longhaul-offload",
+            "test-llama-archs"} <= tests, tests
 
 
 C_LIB = "int kept(void) { return 1; }\n"

@@ -13,6 +13,9 @@ import pytest
 
 from conftest import ROOT
 
+# a long form (bash ci/test.sh --long): the Windows build (mingw-w64) and its runs under wine
+pytestmark = pytest.mark.long
+
 FORK = ROOT / "vendor" / "llama.cpp"
 MINGW = shutil.which("x86_64-w64-mingw32-g++-posix") or shutil.which("x86_64-w64-mingw32-g++")
 
@@ -35,13 +38,13 @@ def test_longhaul_compiles_for_windows() -> None:
 @pytest.mark.skipif(MINGW is None and not os.environ.get("CI"), reason="no mingw-w64 compiler (apt-get install g++-mingw-w64-x86-64-posix)")
 def test_patched_tree_and_tools_build_for_windows(tmp_path) -> None:
     """The patched tree cross-compiles and links for Windows x64 (ci/mingw-build.sh): ggml, libllama and what
-    runs under wine below, llama-completion and test-longhaul (the Windows wheel's script builds every tool)."""
+    runs under wine below, llama-completion and the longhaul unit tests (the Windows wheel's script builds every tool)."""
     assert MINGW, "CI installs g++-mingw-w64-x86-64-posix (ci/setup.sh)"
     build = ROOT / "build" / "mingw"  # inside the checkout: ccache hits across clones (CCACHE_BASEDIR)
     r = subprocess.run(["bash", str(ROOT / "ci" / "mingw-build.sh"), str(build)], capture_output=True, text=True,
                        timeout=3600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-6000:])
-    for exe in ("llama-completion", "test-longhaul"):
+    for exe in ("llama-completion", "test-longhaul-policy", "test-longhaul-io", "test-longhaul"):
         assert (build / "bin" / f"{exe}.exe").is_file(), exe
     assert (build / "src" / "libllama.a").is_file()  # the tools link libllama statically here
 
@@ -83,14 +86,17 @@ def _text(out: bytes) -> bytes:
 @pytest.mark.slow
 @pytest.mark.skipif((MINGW is None or WINE is None) and not os.environ.get("CI"),
                     reason="needs mingw-w64 and wine (apt-get install g++-mingw-w64-x86-64-posix wine64)")
-def test_windows_unit_tests_run_under_wine() -> None:
-    """The Windows build of test-longhaul runs under wine: planner, waves, placement, the CPU
-    mul_mat_id contract, and the I/O pool through ReadFile with offsets and per-shard locks."""
+@pytest.mark.parametrize("program", ["test-longhaul-policy", "test-longhaul-io", "test-longhaul"])
+def test_windows_unit_tests_run_under_wine(program: str) -> None:
+    """The Windows builds of the longhaul unit tests run under wine: the policy, the I/O pool through ReadFile
+    with offsets and per-shard locks, waves, placement and the CPU mul_mat_id contract."""
     assert MINGW and WINE, "CI installs g++-mingw-w64-x86-64-posix and wine64 (ci/setup.sh)"
-    r = _wine(str(_mingw_exe("test-longhaul")))
+    r = _wine(str(_mingw_exe(program)))
     out = r.stdout.decode(errors="replace")
-    assert r.returncode == 0 and "all checks passed" in out, (out[-3000:], r.stderr.decode(errors="replace")[-3000:])
-    assert "test_io_above_4gib(direct=0)" in out  # ReadFile at offsets above 4 GiB ran
+    assert r.returncode == 0 and f"{program}: all checks passed" in out, (out[-3000:],
+                                                                          r.stderr.decode(errors="replace")[-3000:])
+    if program == "test-longhaul-io":
+        assert "test_io_above_4gib(direct=0)" in out  # ReadFile at offsets above 4 GiB ran
 
 
 @pytest.mark.slow

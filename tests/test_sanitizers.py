@@ -13,6 +13,9 @@ import pytest
 
 from conftest import ROOT
 
+# a long form (bash ci/test.sh --long): the sanitized build, the fuzzer and the soak
+pytestmark = pytest.mark.long
+
 CLANG = shutil.which("clang")
 needs_clang = pytest.mark.skipif(CLANG is None and not os.environ.get("CI"),
                                  reason="needs clang (apt-get install clang)")

@@ -37,9 +37,12 @@ def test_longhaul_args() -> None:
     assert "all tests OK" in _run("test-longhaul-args")
 
 
-def test_longhaul_planner() -> None:
-    """The C++ unit tests of the longhaul planner (tests/test-longhaul.cpp in the series)."""
-    assert "all checks passed" in _run("test-longhaul")
+@pytest.mark.parametrize("program", ["test-longhaul-policy", "test-longhaul-io", "test-longhaul"])
+def test_longhaul_unit_tests(program: str) -> None:
+    """The C++ unit tests of the longhaul components (tests/test-longhaul*.cpp in the series): the replacement
+    policy, the I/O pool and memory probes, the cache's layout and graph."""
+    out = _run(program)
+    assert f"{program}: all checks passed" in out, out[-2000:]
 
 
 # the ops of the routed MoE path, restricted to the weight types the tests use (the full

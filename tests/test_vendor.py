@@ -165,6 +165,7 @@ def test_download_works_inside_an_isolated_build_environment(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a whole build from the sdist
 def test_sdist_installs_offline() -> None:
     """ci/sdist-offline.sh: the sdist from `python -m build --sdist` installs into a fresh venv with pip's index off,
     an empty package cache and LONGHAUL_UPSTREAM_SOURCE at the pinned archive (the build takes upstream from it,

@@ -24,6 +24,7 @@ N_PREDICT = 8
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.long,
     pytest.mark.skipif(not HAVE_VULKAN and not os.environ.get("CI"),
                        reason="needs the Vulkan headers and glslc (apt-get install libvulkan-dev glslc spirv-headers "
                               "mesa-vulkan-drivers)"),

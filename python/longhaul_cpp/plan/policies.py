@@ -4,7 +4,7 @@ Each cache has LRU's interface (`n_slots`, `cached(e)`, `plan(ids) -> misses`), 
 runs it through the same ubatches, k-stages and expert waves as the library. A plan's selected experts all
 stay: the policy only chooses which unselected slots the misses replace.
 
-- `Lfu`: least frequently used with aging, the library's LonghaulFlag.LFU (llama_longhaul_lru::set_lfu). Every
+- `Lfu`: least frequently used with aging, the library's LonghaulFlag.LFU (llama_longhaul_policy::set_lfu). Every
   plan counts one use per selected expert; every `period` plans all counts halve (integer division), so old
   popularity fades. A victim is the unselected slot with the lowest count, ties to the least recently used.
 - `Arc`: adaptive replacement (recency and "used again" lists, ghost lists moving the target between them).
@@ -63,7 +63,7 @@ class _Cache:
 
 
 class LruCache(_Cache):
-    """The library's LRU (llama_longhaul_lru::plan): victims are empty slots first, then the least recently used
+    """The library's LRU (llama_longhaul_policy::plan): victims are empty slots first, then the least recently used
     slots the plan does not use, ties by slot index; `replay.Lru` is this class."""
 
     def _victims(self, hits: set[int], n: int) -> list[int]:

@@ -1,6 +1,6 @@
 """Replaying a recorded routing through the per-layer expert cache at another budget.
 
-`Lru` mirrors llama_longhaul_lru::plan (src/llama-longhaul.cpp): a plan takes a ubatch's (or a wave's, or a
+`Lru` mirrors llama_longhaul_policy::plan (src/llama-longhaul-policy.cpp): a plan takes a ubatch's (or a wave's, or a
 k-stage's) ids; its distinct experts that are cached are hits and become the most recently used, the missing
 ones replace, in first-seen order, the slots the plan does not use taken in order: empty ones first, then the
 least recently used, ties by slot index. `replay_lru` cuts the tokens into the ubatches, k-stages and expert
@@ -36,7 +36,7 @@ class CachePolicy:
     compact: bool = True     # compact waves where they run fewer rows (LonghaulFlag.NO_COMPACT: never)
 
 
-# llama_longhaul_lru: n_slots slots over n_expert experts (the replacement loop lives in plan.policies, whose other
+# llama_longhaul_policy: n_slots slots over n_expert experts (the replacement loop lives in plan.policies, whose other
 # policies share it; tests/test_plan.py checks it against the library's planner)
 Lru = LruCache
 
