@@ -150,7 +150,7 @@ def test_routing_parse_rejects_malformed_records() -> None:
 
 
 def test_lru_mirrors_the_library_planner() -> None:
-    # the cases of tests/test-longhaul.cpp (llama_longhaul_policy)
+    # the cases of tests/test-longhaul-policy.cpp (llama_longhaul_policy)
     lru = Lru(4, 16)
     assert lru.plan([3, 5, 3, 5, 7]) == 3 and lru.plan([5, 7, 3]) == 0
     lru = Lru(2, 8)
