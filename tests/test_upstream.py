@@ -37,10 +37,12 @@ def test_longhaul_args() -> None:
     assert "all tests OK" in _run("test-longhaul-args")
 
 
-@pytest.mark.parametrize("program", ["test-longhaul-policy", "test-longhaul-io", "test-longhaul"])
+@pytest.mark.parametrize(
+    "program", ["test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout", "test-longhaul"]
+)
 def test_longhaul_unit_tests(program: str) -> None:
     """The C++ unit tests of the longhaul components (tests/test-longhaul*.cpp in the series): the replacement
-    policy, the I/O pool and memory probes, the cache's layout and graph."""
+    policy, the memory probes, the I/O pool, the layout, the cache and its graph."""
     out = _run(program)
     assert f"{program}: all checks passed" in out, out[-2000:]
 

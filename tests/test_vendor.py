@@ -42,6 +42,36 @@ def test_materialize_commits_pin_then_series(fork: Path) -> None:
     assert git(fork, "status", "--porcelain") == ""
 
 
+def _structs(text: str) -> dict[str, int]:
+    """lines of each struct defined at column 0 (from `struct NAME ... {` to `};`)"""
+    out: dict[str, int] = {}
+    name, start = "", 0
+    for i, line in enumerate(text.splitlines()):
+        if line.startswith("struct ") and line.rstrip().endswith("{"):
+            name, start = line.split()[1], i
+        elif line == "};" and name:
+            out[name] = i - start + 1
+            name = ""
+    return out
+
+
+def test_the_core_is_in_pieces_a_reader_holds(fork: Path) -> None:
+    """Issue 57: each component of the longhaul core has a header of its own, none over ~300 lines, no struct over
+    ~130 (a struct that grows past it holds more than one owner's state: split it, docs/longhaul.md)."""
+    headers = sorted((fork / "src").glob("llama-longhaul*.h"))
+    names = {h.name for h in headers}
+    for part in ("layout", "graph", "errors", "hooks", "policy", "io", "memory"):
+        assert f"llama-longhaul-{part}.h" in names, names
+    for h in headers:
+        text = h.read_text()
+        assert len(text.splitlines()) <= 300, f"{h.name}: {len(text.splitlines())} lines"
+        for name, n in _structs(text).items():
+            assert n <= 130, f"{h.name}: struct {name} has {n} lines"
+    # upstream's files that only ask a longhaul model what it allows see the hooks, not the cache
+    adapter = (fork / "src" / "llama-adapter.cpp").read_text()
+    assert '#include "llama-longhaul-hooks.h"' in adapter and '#include "llama-longhaul.h"' not in adapter
+
+
 def test_materialize_twice_is_a_no_op(fork: Path) -> None:
     head = git(fork, "rev-parse", "HEAD")
     r = vendor("materialize", "--fork", str(fork), "--patches", str(ROOT / "patches"))
