@@ -45,7 +45,7 @@ def test_patched_tree_and_tools_build_for_windows(tmp_path) -> None:
                        timeout=3600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-6000:])
     for exe in ("llama-completion", "test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout",
-                "test-longhaul"):
+                "test-longhaul", "test-cpu-moe-ops"):
         assert (build / "bin" / f"{exe}.exe").is_file(), exe
     assert (build / "src" / "libllama.a").is_file()  # the tools link libllama statically here
 
@@ -88,7 +88,8 @@ def _text(out: bytes) -> bytes:
 @pytest.mark.skipif((MINGW is None or WINE is None) and not os.environ.get("CI"),
                     reason="needs mingw-w64 and wine (apt-get install g++-mingw-w64-x86-64-posix wine64)")
 @pytest.mark.parametrize(
-    "program", ["test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout", "test-longhaul"]
+    "program", ["test-cpu-moe-ops", "test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io",
+                "test-longhaul-layout", "test-longhaul"]
 )
 def test_windows_unit_tests_run_under_wine(program: str) -> None:
     """The Windows builds of the longhaul unit tests run under wine: the policy, the I/O pool through ReadFile

@@ -38,11 +38,13 @@ def test_longhaul_args() -> None:
 
 
 @pytest.mark.parametrize(
-    "program", ["test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout", "test-longhaul"]
+    "program", ["test-cpu-moe-ops", "test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io",
+                "test-longhaul-layout", "test-longhaul"]
 )
 def test_longhaul_unit_tests(program: str) -> None:
-    """The C++ unit tests of the longhaul components (tests/test-longhaul*.cpp in the series): the replacement
-    policy, the memory probes, the I/O pool, the layout, the cache and its graph."""
+    """The C++ unit tests of the series (tests/test-longhaul*.cpp, tests/test-cpu-moe-ops.cpp): the CPU ops the
+    expert waves rely on, the replacement policy, the memory probes, the I/O pool, the layout, the cache and its
+    graph."""
     out = _run(program)
     assert f"{program}: all checks passed" in out, out[-2000:]
 
