@@ -26,7 +26,7 @@ for c in $(git -C "$fork" rev-list --reverse upstream..HEAD); do
     git -C "$fork" checkout -q "$c"
     subject=$(git -C "$fork" log -1 --format=%s "$c")
     targets=(llama test-llama-archs test-arg-parser)
-    for t in test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul; do
+    for t in test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul-split test-longhaul; do
         grep -q "$t.cpp" "$fork/tests/CMakeLists.txt" && targets+=("$t")
     done
     grep -q "test-longhaul-offload" "$fork/tests/CMakeLists.txt" && targets+=(test-longhaul-offload)
@@ -41,7 +41,7 @@ for c in $(git -C "$fork" rev-list --reverse upstream..HEAD); do
         exit 1
     fi
     tests=("test-llama-archs -a qwen3moe" "test-llama-archs -a qwen35moe" "test-llama-archs -a laguna" "test-arg-parser")
-    for t in test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul; do
+    for t in test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul-split test-longhaul; do
         grep -q "$t.cpp" "$fork/tests/CMakeLists.txt" && tests+=("$t")
     done
     grep -q "test-longhaul-args" "$fork/tests/CMakeLists.txt" && tests+=("test-longhaul-args")

@@ -30,5 +30,5 @@ cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
     -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=ON \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF >/dev/null
 # shellcheck disable=SC2086
-cmake --build "$BUILD" -j "${JOBS:-2}" --target ${TARGETS:-llama llama-completion test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul test-cpu-moe-ops}
+cmake --build "$BUILD" -j "${JOBS:-2}" --target ${TARGETS:-llama llama-completion test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul-split test-longhaul test-cpu-moe-ops}
 ls "$BUILD"/bin/*.exe | sed 's/^/built: /'

@@ -78,8 +78,8 @@ build() {
         -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_APP=OFF >"$BUILD.cmake.log"
-    local targets=(llama test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul test-longhaul-args test-longhaul-offload)
-    [ "$san" = tsan ] && targets=(llama test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul llama-server)
+    local targets=(llama test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul-split test-longhaul test-longhaul-args test-longhaul-offload)
+    [ "$san" = tsan ] && targets=(llama test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul-split test-longhaul llama-server)
     [ "$short" = 0 ] && [ "$san" = asan ] && targets+=(llama-server llama-cli llama-bench)
     cmake --build "$BUILD" -j "${JOBS:-2}" --target "${targets[@]}"
     if [ "$san" = asan ]; then  # the fuzzer: the target and its structure-aware mutator, on the sanitized libraries
@@ -153,7 +153,7 @@ asan)
     ;;
 tsan)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
-    for t in test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul; do
+    for t in test-cpu-moe-ops test-longhaul-policy test-longhaul-memory test-longhaul-io test-longhaul-layout test-longhaul-split test-longhaul; do
         echo "ci/sanitize.sh: tsan: $t"
         "$bin/$t" >"$work/t.log" 2>&1 || { tail -n 80 "$work/t.log"; echo "ci/sanitize.sh: tsan: $t failed" >&2; exit 1; }
     done

@@ -51,7 +51,7 @@ def test_patched_tree_and_tools_build_for_macos_arm64() -> None:
     names = {p.name for p in (build / "pkg" / "bin").iterdir()}
     assert {"llama-server", "llama-cli", "llama-bench", "llama-completion"} <= names, names
     tests = {p.name for p in (build / "bin").iterdir()}
-    assert {"test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout", "test-longhaul", "test-cpu-moe-ops",
+    assert {"test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout", "test-longhaul-split", "test-longhaul", "test-cpu-moe-ops",
             "test-longhaul-args", "test-longhaul-offload", "test-llama-archs"} <= tests, tests
 
 

@@ -44,7 +44,7 @@ def test_patched_tree_and_tools_build_for_windows(tmp_path) -> None:
     r = subprocess.run(["bash", str(ROOT / "ci" / "mingw-build.sh"), str(build)], capture_output=True, text=True,
                        timeout=3600)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-6000:])
-    for exe in ("llama-completion", "test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout",
+    for exe in ("llama-completion", "test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io", "test-longhaul-layout", "test-longhaul-split",
                 "test-longhaul", "test-cpu-moe-ops"):
         assert (build / "bin" / f"{exe}.exe").is_file(), exe
     assert (build / "src" / "libllama.a").is_file()  # the tools link libllama statically here
@@ -89,7 +89,7 @@ def _text(out: bytes) -> bytes:
                     reason="needs mingw-w64 and wine (apt-get install g++-mingw-w64-x86-64-posix wine64)")
 @pytest.mark.parametrize(
     "program", ["test-cpu-moe-ops", "test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io",
-                "test-longhaul-layout", "test-longhaul"]
+                "test-longhaul-layout", "test-longhaul-split", "test-longhaul"]
 )
 def test_windows_unit_tests_run_under_wine(program: str) -> None:
     """The Windows builds of the longhaul unit tests run under wine: the policy, the I/O pool through ReadFile

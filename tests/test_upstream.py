@@ -39,7 +39,7 @@ def test_longhaul_args() -> None:
 
 @pytest.mark.parametrize(
     "program", ["test-cpu-moe-ops", "test-longhaul-policy", "test-longhaul-memory", "test-longhaul-io",
-                "test-longhaul-layout", "test-longhaul"]
+                "test-longhaul-layout", "test-longhaul-split", "test-longhaul"]
 )
 def test_longhaul_unit_tests(program: str) -> None:
     """The C++ unit tests of the series (tests/test-longhaul*.cpp, tests/test-cpu-moe-ops.cpp): the CPU ops the

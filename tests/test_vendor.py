@@ -60,7 +60,7 @@ def test_the_core_is_in_pieces_a_reader_holds(fork: Path) -> None:
     ~130 (a struct that grows past it holds more than one owner's state: split it, docs/longhaul.md)."""
     headers = sorted((fork / "src").glob("llama-longhaul*.h"))
     names = {h.name for h in headers}
-    for part in ("layout", "graph", "errors", "hooks", "policy", "io", "memory"):
+    for part in ("layout", "graph", "errors", "hooks", "policy", "io", "memory", "split"):
         assert f"llama-longhaul-{part}.h" in names, names
     for h in headers:
         text = h.read_text()

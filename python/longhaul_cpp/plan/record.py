@@ -123,12 +123,14 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     routers.topic_stream: the routing it drives, whatever the model would pick); routing: the routing of these very
     tokens, recorded before (another run of the same prompt and feed): not recorded again. flags: `LonghaulFlag`s
     of the load (without PREFETCH, the run does not prefetch, whatever the library would choose: the replay does not
-    model it). budget: bytes, or any `longhaul_cache` value
+    model it; the online split is off, as the replay of a fixed split checks the run's misses). budget: bytes, or any `longhaul_cache` value
     ("512MiB", "auto": chosen for this run's context; the run records the bytes). layer_slots: a per-layer split
     of the budget (longhaul_layer_slots: {layer: slots}, one entry per layer, or a --write-split file) instead of
     the even one."""
     if not int(flags) & (LonghaulFlag.PREFETCH | LonghaulFlag.NO_PREFETCH):
         flags = int(flags) | LonghaulFlag.NO_PREFETCH  # the replay does not model the prefetch: it stays off
+    # the replay runs the split it is given (plan.online models the online one): the recorded run keeps it too
+    flags = int(flags) | LonghaulFlag.NO_ONLINE_SPLIT
     toks = np.ascontiguousarray(prompt, dtype=np.int32)
     if len(toks) == 0 and n_gen == 0:
         raise ValueError("the planner needs a prompt or generated tokens")
