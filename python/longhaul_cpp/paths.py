@@ -30,6 +30,13 @@ def shard_paths(path: str | Path, n_shards: int) -> list[Path]:
     return [split_path(prefix, i, n_shards) for i in range(1, n_shards + 1)]
 
 
+def split_parts(name: str) -> tuple[str, int, int] | None:
+    """`(prefix, i, n)` of a shard's file name `{prefix}-0000i-of-0000N.gguf` (the prefix keeps any folders of
+    `name`); None for a name that is not a shard's."""
+    m = _SPLIT.match(name)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+
+
 def shard_list(path: str | Path) -> list[Path]:
     """All shards of a split model given its first shard (or the file itself)."""
     path = Path(path)

@@ -90,6 +90,21 @@ class Llama(CompletionMixin, ChatMixin, EmbeddingMixin):
         if self._model.is_longhaul:
             logger.info("%s", self._model.longhaul_plan(self._ctx.n_ubatch))
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str, additional_files: list[str] | None = None,
+                        local_dir: str | os.PathLike[str] | None = None, local_dir_use_symlinks: bool | str = "auto",
+                        cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Llama:
+        """A model from the Hugging Face Hub, as llama-cpp-python's `Llama.from_pretrained`: `filename` is a glob
+        over the repository's files that must name one model (all shards of a split GGUF are fetched, the model
+        loads from the first), `additional_files` globs of more files to fetch; `kwargs` go to `Llama(...)`
+        (load_mode="longhaul", longhaul_cache=... too). Needs huggingface_hub (`pip install "longhaul-cpp[hub]"`);
+        offline (HF_HUB_OFFLINE=1) the files come from the local hub cache (hub.py)."""
+        from .hub import fetch
+
+        path = fetch(repo_id, filename, additional_files=additional_files, local_dir=local_dir,
+                     local_dir_use_symlinks=local_dir_use_symlinks, cache_dir=cache_dir)
+        return cls(model_path=path, **kwargs)
+
     # -- lifetime --
     def close(self) -> None:
         self._model.close()  # closes the context too
