@@ -155,7 +155,7 @@ m = importlib.import_module(sys.argv[1])
 out = {}
 for name in ["__init__", "create_completion", "__call__", "create_chat_completion", "tokenize", "detokenize",
              "save_state", "load_state", "set_seed", "reset", "eval", "generate", "sample", "embed",
-             "create_embedding", "pooling_type", "n_ctx", "token_bos", "token_eos"]:
+             "create_embedding", "pooling_type", "n_ctx", "token_bos", "token_eos", "from_pretrained"]:
     sig = inspect.signature(getattr(m.Llama, name))
     out[name] = [(p.name, repr(p.default) if p.default is not p.empty else None, str(p.kind))
                  for p in sig.parameters.values()]
