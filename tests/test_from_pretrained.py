@@ -110,7 +110,8 @@ def load(cache: Path, **kw: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def reference(cache, models) -> dict[str, list[int]]:
     """The tokens of a plain `Llama(model_path=...)` load of each model."""
-    out = {k: load(cache, model_path=models[k][0] if k == "split" else models[k])["tokens"] for k in ("single", "split")}
+    out = {"single": load(cache, model_path=models["single"])["tokens"],
+           "split": load(cache, model_path=models["split"][0])["tokens"]}
     assert out["single"] != out["split"]  # the two models tell apart
     return out
 

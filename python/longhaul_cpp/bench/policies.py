@@ -72,7 +72,8 @@ def _cap_limit(cfg: BenchConfig, info: ModelInfo, log: Callable[[str], None]) ->
 
 
 def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct: LonghaulFlag,
-                 log: Callable[[str], None]) -> list[dict[str, Any]]:
+                 log: Callable[[str], None], step: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+    """The scenario's rows; `step()` after each routing and budget (the progress)."""
     rows: list[dict[str, Any]] = []
     limit = _cap_limit(cfg, info, log)
     resident = info.file_bytes - info.routed_bytes
@@ -138,6 +139,7 @@ def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, dir
                         f"{row['gen_ms_per_token']:.1f} ms per token waiting at the syncs)" if got else "")
                 log(f"  {c.policy:6} {c.split:7}: {row['replayed_gen_bytes_per_token'] / MIB:.2f} MiB per generated "
                     f"token replayed{meas}")
+            step()
     return rows
 
 

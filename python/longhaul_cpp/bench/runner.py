@@ -202,13 +202,52 @@ def _probe(model: Path, log: Callable[[str], None]) -> dict[str, float]:
     return bw
 
 
+def _sweep_slots(cfg: BenchConfig, info: ModelInfo) -> list[tuple[float, int]]:
+    """The sweep's (fraction, slots per layer), the fractions below one slot included (slots 0)."""
+    return [(f, info.n_expert if f >= 1 else round(f * info.n_expert)) for f in cfg.fractions]
+
+
+def planned_steps(cfg: BenchConfig, info: ModelInfo, n_models: int) -> int:
+    """How many steps run_bench's progress counts: each llama-bench process (the cap's runs at the chosen budgets:
+    one step), the bandwidth probe, each routing's planner recording and each policies budget."""
+    n = 0
+    if "resident" in cfg.scenarios:
+        n += 2
+    if "allcached" in cfg.scenarios:
+        n += 1
+    if "cap" in cfg.scenarios:
+        n += (4 if cfg.cold else 0) + 2 + 1 + 1
+    if "sweep" in cfg.scenarios or "cap" in cfg.scenarios:
+        n += 1
+    if "sweep" in cfg.scenarios:
+        n += n_models * (1 + sum(1 for _, s in _sweep_slots(cfg, info) if s >= 1))
+    if "policies" in cfg.scenarios:
+        n += n_models * sum(1 for f in cfg.fractions if 1 <= round(f * info.n_expert) < info.n_expert)
+    return n
+
+
 def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
               progress: Callable[[str], Callable[[int, int], None] | None] = lambda label: None) -> dict[str, Any]:
+    """Every scenario of `cfg`; `progress(label)` gives the callback (done, total) of each model generated and of
+    the runs (planned_steps)."""
     models = _models(cfg, progress)
     first = next(iter(models.values()))
     info = inspect_model(first)
     if not info.supported:
         raise BenchError(f"{first}: longhaul does not support this model (architecture '{info.arch}')")
+    total, done = planned_steps(cfg, info, len(models)), 0
+    shown = progress("bench runs")
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if shown is not None:
+            shown(done, total)
+
+    def counted(*args: Any, **kwargs: Any) -> list[Run]:  # measure, one step
+        got = measure(*args, **kwargs)
+        step()
+        return got
     resident = info.file_bytes - info.routed_bytes
     log(f"model {first.name}: {info.file_bytes / GIB:.2f} GiB, {info.n_expert} experts (top-{info.n_expert_used}), "
         f"{info.routed_bytes / GIB:.2f} GiB routed experts, {resident / GIB:.2f} GiB resident weights")
@@ -224,12 +263,12 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
 
     if "resident" in cfg.scenarios:
         log("resident (normal load, page cache warm)")
-        runs += measure("resident", "normal, repacked (default)", r0, m0, pp, tg, threads=t, reps=cfg.reps, log=log)
-        runs += measure("resident", "normal, plain layout (--repack 0)", r0, m0, pp, tg, threads=t, repack=False,
+        runs += counted("resident", "normal, repacked (default)", r0, m0, pp, tg, threads=t, reps=cfg.reps, log=log)
+        runs += counted("resident", "normal, plain layout (--repack 0)", r0, m0, pp, tg, threads=t, repack=False,
                         reps=cfg.reps, log=log)
     if "allcached" in cfg.scenarios:
         log(f"longhaul, every expert cached ({budget_all / GIB:.2f} GiB), warm")
-        runs += measure("allcached", "longhaul, every expert cached", r0, m0, pp, tg, threads=t, load="longhaul",
+        runs += counted("allcached", "longhaul, every expert cached", r0, m0, pp, tg, threads=t, load="longhaul",
                         budget=budget_all, fraction=1.0, reps=cfg.reps, log=log)
     if "cap" in cfg.scenarios:
         limit = cfg.cap_bytes(info.file_bytes)
@@ -246,19 +285,21 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
                 kind = "cold" if cold else "steady"
                 # cold: prompt and generation in separate processes, each from an empty cache
                 for n_p, n_g in (((pp, 0), (0, cfg.n_gen_capped)) if cold else ((pp, cfg.n_gen_capped),)):
-                    runs += measure("cap", f"mmap, plain layout, {kind}", r0, m0, n_p, n_g, threads=t, load="mmap",
+                    runs += counted("cap", f"mmap, plain layout, {kind}", r0, m0, n_p, n_g, threads=t, load="mmap",
                                     repack=False, reps=1, cold=cold, cap=cap, timeout=cfg.capped_timeout, log=log)
                 for n_p, n_g in (((pp, 0), (0, tg)) if cold else ((pp, tg),)):
-                    runs += measure("cap", f"longhaul {budget / GIB:.2f} GiB, {kind}", r0, m0, n_p, n_g, threads=t,
+                    runs += counted("cap", f"longhaul {budget / GIB:.2f} GiB, {kind}", r0, m0, n_p, n_g, threads=t,
                                     load="longhaul", budget=budget, fraction=frac, reps=cfg.reps, cold=cold, cap=cap,
                                     timeout=cfg.capped_timeout, log=log)
             _chosen(cfg, res["cap"], info, m0, r0, cap, runs, log)
+            step()
             # repacked weights are anonymous memory: they cannot be paged out under the cap
-            runs += measure("cap", "normal, repacked (default)", r0, m0, 0, cfg.n_gen_capped, threads=t, reps=1,
+            runs += counted("cap", "normal, repacked (default)", r0, m0, 0, cfg.n_gen_capped, threads=t, reps=1,
                             cap=cap, timeout=min(cfg.capped_timeout, 300.0), log=log)
     bw = None
     if "sweep" in cfg.scenarios or "cap" in cfg.scenarios:
         bw = _probe(m0, log)  # the bound of every longhaul run's time split
+        step()
         res["read_bandwidth"] = bw
     if "sweep" in cfg.scenarios:
         res["plan"] = {}
@@ -268,17 +309,18 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
         direct = cfg.sweep_direct_io == "on"
         for routing, model in models.items():
             log(f"budget sweep, {routing} routing (steady state" + (f"; {' '.join(extra)})" if extra else ")"))
-            sweep = [(f, info.n_expert if f >= 1 else round(f * info.n_expert)) for f in cfg.fractions]
+            sweep = _sweep_slots(cfg, info)
             for f, slots in sweep:
                 if slots < 1:
                     log(f"  {f:.3f} of the experts is below the minimum budget: skipped")
             sweep = [(f, s) for f, s in sweep if s >= 1]
             predicted = _predictions(model, info, [info.budget_for(s) for _, s in sweep], cfg,
                                      bw["bytes_per_s"] if bw and direct else None, log)
+            step()
             res["plan"][routing] = {str(b): v for b, v in predicted.items()}
             for f, slots in sweep:
                 budget = info.budget_for(slots)
-                got = measure("sweep", f"longhaul {f:.4g} of experts", routing, model, pp, tg, threads=t,
+                got = counted("sweep", f"longhaul {f:.4g} of experts", routing, model, pp, tg, threads=t,
                               load="longhaul", budget=budget, fraction=min(f, 1.0), reps=cfg.reps, drop=cfg.cold,
                               extra=extra, log=log)
                 for r in got:
@@ -286,6 +328,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
                 runs += got
     if "policies" in cfg.scenarios:
         from .policies import run_policies
-        res["policies"] = run_policies(cfg, models, info, _DIRECT_FLAGS[cfg.sweep_direct_io], log)
+        res["policies"] = run_policies(cfg, models, info, _DIRECT_FLAGS[cfg.sweep_direct_io], log, step=step)
     res["analysis"] = analyse(runs, info, bw, res["model"]["io_bytes"])
     return res

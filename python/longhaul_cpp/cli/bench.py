@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..bench import ROUTINGS, SCENARIOS, BenchConfig, parse_fractions, rewrite_reports, run_bench, write_reports
 from ..models.routers import ROUTERS
-from .common import Progress
+from ..progress import Progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -65,7 +65,17 @@ def run(args: argparse.Namespace) -> int:
                       threads=args.threads, reps=args.repetitions, cold=not args.no_cold,
                       capped_timeout=args.capped_timeout, sweep_direct_io=args.sweep_direct_io,
                       out=Path(args.output or f"longhaul-bench-{Path(args.model).stem}"))
-    res = run_bench(cfg, log=lambda m: print(m, flush=True), progress=lambda label: Progress(label))
+    lines: list[Progress] = []  # the progress lines, the last one on the screen: the log prints above it
+
+    def line(label: str) -> Progress:
+        lines.append(Progress(label, unit="runs" if label == "bench runs" else "tensors"))
+        return lines[-1]
+
+    try:
+        res = run_bench(cfg, log=lambda m: lines[-1].echo(m) if lines else print(m, flush=True), progress=line)
+    finally:
+        for p in lines:
+            p.close()
     for f in write_reports(res, cfg.out):
         print(f"wrote {f}")
     return 0

@@ -1,5 +1,5 @@
-"""What the subcommands share: the synthetic-model options (made from SyntheticSpec's fields), the
-model cache and a progress bar."""
+"""What the subcommands share: the synthetic-model options (made from SyntheticSpec's fields) and the
+model cache."""
 from __future__ import annotations
 
 import argparse
@@ -7,32 +7,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 from ..paths import cache_dir, shard_paths
+from ..progress import Progress
 from ..models.spec import SyntheticSpec
 from ..models.writer import make_model
-
-
-class Progress:
-    """A one-line progress bar on stderr (only when stderr is a terminal, or always with force)."""
-
-    def __init__(self, label: str, force: bool = False) -> None:
-        self.label = label
-        self.enabled = force or sys.stderr.isatty()
-        self.last = -1
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        pct = done * 100 // max(total, 1)
-        if pct == self.last:
-            return
-        self.last = pct
-        bar = "#" * (pct // 4) + "-" * (25 - pct // 4)
-        end = "\n" if done >= total else ""
-        print(f"\r{self.label} [{bar}] {pct:3d}%", end=end, file=sys.stderr, flush=True)
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -60,7 +40,8 @@ def cached_model(spec: SyntheticSpec, n_shards: int = 1, progress: bool = True) 
     if all(p.is_file() for p in paths):
         return paths
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    made = make_model(spec, tmp, n_shards=n_shards, progress=Progress(f"generating {path.name}") if progress else None)
+    shown = Progress(f"generating {path.name}", unit="tensors") if progress else None
+    made = make_model(spec, tmp, n_shards=n_shards, progress=shown)
     for src, dst in zip(made, paths):
         os.replace(src, dst)
     return paths

@@ -8,7 +8,8 @@ import time
 from ..longhaul import MIB
 from ..models.routers import ROUTERS
 from ..models.writer import make_model
-from .common import Progress, add_spec_args, spec_from
+from ..progress import Progress
+from .common import add_spec_args, spec_from
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     if args.router:
         spec = ROUTERS[args.router].spec(spec)
     t0 = time.perf_counter()
-    paths = make_model(spec, args.output, n_shards=args.shards, progress=Progress(f"writing {args.output}"))
+    paths = make_model(spec, args.output, n_shards=args.shards,
+                       progress=Progress(f"writing {args.output}", unit="tensors"))
     size = sum(p.stat().st_size for p in paths)
     for p in paths:
         print(p)

@@ -15,6 +15,7 @@ from ..modelinfo import inspect_model
 from ..plan import Plan, knee, make_plan, measure_bandwidth, predict, random_prompt
 from ..plan.recommend import Recommendation, as_json, gain, recommend, table as rec_table
 from ..plan.trace import load_routing, save_routing
+from ..progress import Progress
 from ..longhaul import GIB, MIB
 from ..longhaul import size_arg, size_text
 from ..plan.report import plot, shown_rows, table, to_json
@@ -117,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
         budget = args.longhaul_cache or None  # a size or auto: resolved for the run's context (record_run)
         print(f"recording {len(prompt)} prompt tokens and {args.n_predict} generated tokens in longhaul mode ...",
               flush=True)
-        p = make_plan(args.model, prompt, args.n_predict, n_threads=args.threads, budget=budget,
-                      bandwidth=bandwidth, n_ubatch=args.n_ubatch or 512)
+        with Progress("recording", unit="tokens") as progress:
+            p = make_plan(args.model, prompt, args.n_predict, n_threads=args.threads, budget=budget,
+                          bandwidth=bandwidth, n_ubatch=args.n_ubatch or 512, progress=progress)
         r = p.run
     info = p.info
     print(f"model {info.path.name}: {info.n_expert} experts (top-{info.n_expert_used}) in {len(info.expert_bytes)} "

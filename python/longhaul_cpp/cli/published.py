@@ -12,7 +12,7 @@ from pathlib import Path
 from ..longhaul import GIB, MIB
 from ..models import corpus
 from ..models.published import PUBLISHED, sparse_files_supported, write_published
-from .common import Progress
+from ..progress import Progress
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_random(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    paths = write_published(args.name, args.out_dir, data="random", progress=Progress(f"writing {args.name}"))
+    with Progress(f"writing {args.name}", unit="bytes") as progress:
+        paths = write_published(args.name, args.out_dir, data="random", progress=progress)
     for p in paths:
         print(p)
     size = sum(p.stat().st_size for p in paths)

@@ -7,6 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
+from ..progress import Progress
 from ..soak import SoakConfig, run_soak, text
 
 
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
                      fail_every=args.fail_every, compare=not args.no_compare, threads=args.threads,
                      server=Path(args.server) if args.server else None, seed=args.seed,
                      extra=tuple(shlex.split(args.server_args)))
-    res = run_soak(cfg, server_log=Path(args.server_log) if args.server_log else None)
+    with Progress("soak", unit="s") as progress:
+        res = run_soak(cfg, server_log=Path(args.server_log) if args.server_log else None, progress=progress)
     print(text(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

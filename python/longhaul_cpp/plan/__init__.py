@@ -5,7 +5,7 @@ docs/planner.md)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,16 +52,17 @@ def measure_bandwidth(path: Path, threads: int | None = None) -> tuple[float, st
 
 def make_plan(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, n_threads: int,
               budget: int | str | None = None, bandwidth: float | str | None = None, n_ubatch: int = 512,
-              budgets: Sequence[int] | None = None) -> Plan:
+              budgets: Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None) -> Plan:
     """Record a run at `budget` (default: n_expert_used slots per layer; bytes or any `longhaul_cache` value,
     "auto" included), replay it at every budget, predict.
-    bandwidth: bytes/s, "run" (the recorded run's own read rate) or None (measured by random expert reads)."""
+    bandwidth: bytes/s, "run" (the recorded run's own read rate) or None (measured by random expert reads).
+    progress(done, total): the recording's (record_run)."""
     info = inspect_model(path)
     if not info.supported:
         raise ValueError(f"{path}: longhaul does not support this model (architecture '{info.arch}'), so there "
                          "is nothing to plan: load it normally")
     budget = budget if budget is not None else info.budget_for(max(1, info.n_expert_used))
-    run = record_run(path, prompt, n_gen, budget=budget, n_threads=n_threads, n_ubatch=n_ubatch)
+    run = record_run(path, prompt, n_gen, budget=budget, n_threads=n_threads, n_ubatch=n_ubatch, progress=progress)
     if bandwidth is None:
         bandwidth, source = measure_bandwidth(Path(path))
     elif bandwidth == "run":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -94,18 +94,24 @@ def time_hits(ctx: Context, model: Model, state: bytes, token: int, n: int) -> f
 
 
 def record_routing(path: str | Path, prompt: np.ndarray, tokens: Sequence[int], *, n_ubatch: int,
-                   max_ids: int = DEFAULT_MAX_IDS, **context_params: int) -> Routing:
+                   max_ids: int = DEFAULT_MAX_IDS, decoded: Callable[[int], None] | None = None,
+                   **context_params: int) -> Routing:
     """The routing of decoding `prompt`, then `tokens` one at a time, through the eval callback of a normal load
     (RoutingRecorder: no library API; a longhaul load's routing is a normal load's, bit for bit), with the
-    ubatch the longhaul context ran (n_ubatch: its effective one)."""
+    ubatch the longhaul context ran (n_ubatch: its effective one). decoded(n): after each decode call, with its
+    tokens (the progress)."""
     with Model(path) as model:
         recorder = RoutingRecorder(model.meta("general.architecture") or "")
         with model.context(n_ubatch=n_ubatch, routing=recorder, **context_params) as ctx:
             recorder.start(max_ids)
             if len(prompt):
                 ctx.decode(prompt)
+                if decoded:
+                    decoded(len(prompt))
             for tok in tokens:
                 ctx.decode([int(tok)])
+                if decoded:
+                    decoded(1)
             recorder.stop()
     return recorder.routing()
 
@@ -114,7 +120,8 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
                random_gen: bool = False, timed: int = 2, flags: int = 0, feed: Sequence[int] | None = None,
                routing: Routing | None = None,
-               layer_slots: dict[int, int] | Sequence[int] | str | Path | None = None) -> RecordedRun:
+               layer_slots: dict[int, int] | Sequence[int] | str | Path | None = None,
+               progress: Callable[[int, int], None] | None = None) -> RecordedRun:
     """Decode `prompt` then `n_gen` greedy tokens (end-of-generation tokens included: the count is fixed) in
     longhaul mode at `budget`, once to warm up (as a steady-state server would be), then `timed` times, each phase
     keeping its faster repetition (the first timed one gives the misses to check the replay against); the routing
@@ -126,7 +133,7 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     model it; the online split is off, as the replay of a fixed split checks the run's misses). budget: bytes, or any `longhaul_cache` value
     ("512MiB", "auto": chosen for this run's context; the run records the bytes). layer_slots: a per-layer split
     of the budget (longhaul_layer_slots: {layer: slots}, one entry per layer, or a --write-split file) instead of
-    the even one."""
+    the even one. progress(done, total): tokens decoded of all the repetitions' and the routing recording's."""
     if not int(flags) & (LonghaulFlag.PREFETCH | LonghaulFlag.NO_PREFETCH):
         flags = int(flags) | LonghaulFlag.NO_PREFETCH  # the replay does not model the prefetch: it stays off
     # the replay runs the split it is given (plan.online models the online one): the recorded run keeps it too
@@ -148,6 +155,15 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     fed: list[int] = []  # the tokens each repetition decodes after the prompt (all alike)
     cp = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_threads_batch=n_threads)
     budget = budget_bytes(budget, path, context_params={**cp, "n_ubatch": n_ubatch})
+    per_rep = len(toks) + n_gen
+    total, done = per_rep * (1 + max(1, timed) + (routing is None)), 0
+
+    def decoded(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress:
+            progress(done, total)
+
     split = {} if layer_slots is None else {"longhaul_layer_slots": layer_slots}
     with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget, longhaul_flags=flags, **split) as model, \
             model.context(n_ubatch=n_ubatch, **cp) as ctx:
@@ -166,6 +182,7 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
                 next_tok = pick()
             if len(toks):
                 ctx.decode(toks)
+                decoded(len(toks))
                 next_tok = pick()
             t1 = time.perf_counter()
             s1 = model.longhaul_stats()
@@ -177,6 +194,7 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
                     state, last = ctx.state_get(), next_tok
                     t_state = time.perf_counter() - ts
                 ctx.decode([next_tok])
+                decoded(1)
                 fed.append(next_tok)
                 next_tok = pick()
             t2 = time.perf_counter() - t_state
@@ -192,7 +210,7 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
             prompt_run = faster(prompt_run, PhaseRun.between(len(toks), t1 - t0, s0.total, s1.total))
             gen_run = faster(gen_run, PhaseRun.between(n_gen, t2 - t1, s1.total, s2.total))
     if routing is None:
-        routing = record_routing(path, toks, fed, n_ubatch=eff_ubatch, max_ids=max_ids, **cp)
+        routing = record_routing(path, toks, fed, n_ubatch=eff_ubatch, max_ids=max_ids, decoded=decoded, **cp)
     assert prompt_run is not None and gen_run is not None
     routing.check_complete(sum(calls), sum(outputs))
     return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=n_gen, budget=budget,

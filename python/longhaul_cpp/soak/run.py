@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..progress import Progress
 from ..tools import tool_path
 from .clients import Outcome, client_loop, poll_loop, prompt_pool
 from .eio_shim import build_shim
@@ -120,7 +121,22 @@ def _sample(pid: int, deadline: float, t0: float, out: list[dict[str, float]], e
         time.sleep(every)
 
 
-def run_soak(cfg: SoakConfig, log: Callable[[str], None] = print, server_log: Path | None = None) -> dict[str, Any]:
+def _show(progress: Progress, seconds: float, t0: float, deadline: float, outcomes: list[Outcome],
+          lock: threading.Lock) -> None:
+    """The soak's progress: seconds run of the duration, and the requests answered."""
+    while True:
+        now = time.monotonic()
+        with lock:
+            n = len(outcomes)
+        progress.update(min(now - t0, seconds), seconds, note=f"{n} requests")
+        if now >= deadline:
+            return
+        time.sleep(min(0.5, max(0.0, deadline - now)))
+
+
+def run_soak(cfg: SoakConfig, log: Callable[[str], None] = print, server_log: Path | None = None,
+             progress: Progress | None = None) -> dict[str, Any]:
+    """The soak (the module's docstring); `progress` shows the seconds run and the requests answered."""
     prompts = prompt_pool(cfg.n_prompts, cfg.max_prompt, cfg.seed)
     env: dict[str, str] = {}
     if cfg.fail_every > 0:
@@ -144,6 +160,9 @@ def run_soak(cfg: SoakConfig, log: Callable[[str], None] = print, server_log: Pa
                                         daemon=True))
         threads.append(threading.Thread(target=_sample, args=(proc.pid, deadline, t0, samples,
                                                               max(1.0, min(10.0, cfg.seconds / 60))), daemon=True))
+        if progress is not None and progress.enabled:
+            threads.append(threading.Thread(target=_show, args=(progress, cfg.seconds, t0, deadline, outcomes, lock),
+                                            daemon=True))
         for t in threads:
             t.start()
         for t in threads:
