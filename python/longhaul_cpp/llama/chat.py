@@ -25,6 +25,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from .._lib import LlamaError, ffi, lib
 from .grammar import JSON_GBNF, LlamaGrammar
 from .llama_types import LogitsProcessorList, StoppingCriteriaList
+from .tool_chat import family_for, required_grammar, tool_chunks, tool_reply
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -110,8 +111,8 @@ def jinja_formatter(template: str, bos: str, eos: str, eos_id: int) -> Formatter
 
     def render(messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> ChatPrompt:
         prompt = compiled.render(messages=messages, bos_token=bos, eos_token=eos, raise_exception=fail,
-                                 add_generation_prompt=True,
-                                 strftime_now=lambda f: datetime.datetime.now().strftime(f), **extra)
+                                 strftime_now=lambda f: datetime.datetime.now().strftime(f),
+                                 **({"add_generation_prompt": True} | dict(extra)))
         return ChatPrompt(prompt, [eos], [eos_id], added_special=True)
 
     return render
@@ -205,6 +206,7 @@ class ChatMixin:
 
     chat_handler: Any
     _formatter: Any
+    _model: Any
 
     if TYPE_CHECKING:  # Llama's own methods
         def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]: ...
@@ -263,10 +265,20 @@ class ChatMixin:
                 grammar = LlamaGrammar.from_json_schema(json.dumps(tool["function"]["parameters"]))
             except (ValueError, KeyError):
                 grammar = LlamaGrammar.from_string(JSON_GBNF)
+        family = None  # tools and no named one: the reply is parsed for calls in the template's own syntax
+        if tools and tool is None and tool_choice in (None, "auto", "required"):
+            family = family_for(getattr(self, "chat_format", None), model_templates(self._model))
+            if tool_choice == "required":
+                grammar = required_grammar(family, tools)
+        elif tool_choice not in (None, "none", "auto", "required") and not isinstance(tool_choice, Mapping):
+            raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named tool, got {tool_choice!r}")
         out = self.create_completion(prompt=prompt, logprobs=top_logprobs if logprobs else None, stream=stream, stop=stop,
                                     stopping_criteria=criteria, grammar=grammar, **kw)
         if tool is not None:
             return _tool_call(tool["function"]["name"], out, stream)
+        if family is not None:
+            return (tool_chunks(family, tools, out, _chat_logprobs) if stream
+                    else tool_reply(family, tools, out, _chat_logprobs))
         return _chat_chunks(out) if stream else _chat_whole(out)
 
 
