@@ -65,7 +65,7 @@ if [ "$(printf '%s\n' "$pyver" 3.9 | sort -V | head -n 1)" != 3.9 ]; then
     [ -n "${LONGHAUL_HOST_VENV:-}" ] || { echo "ci/wheel-old-glibc.sh: Python $pyver is older than the package's 3.9: set LONGHAUL_HOST_VENV (a venv with the wheel) to run the tools only" >&2; exit 2; }
     mkdir -p "$W/pkg" && "$LONGHAUL_HOST_VENV/bin/python" -m zipfile -e "$WHEEL" "$W/pkg"
     chmod +x "$W"/pkg/longhaul_cpp/bin/llama-*
-    (cd "$W/run" && make_test_model "$LONGHAUL_HOST_VENV/bin/python")
+    cd "$W/run" && make_test_model "$LONGHAUL_HOST_VENV/bin/python" && cd "$ROOT"  # sets LONGHAUL_ARGS
     say "Python $pyver is older than the package's 3.9: the tools only, from the unpacked wheel"
     tools /longhaul/pkg/longhaul_cpp/bin/llama-completion
     exit 0
