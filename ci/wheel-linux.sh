@@ -2,8 +2,12 @@
 # The portable Linux wheel (issue 37, item 1): built, repaired, installed without a compiler, and run.
 #   1. pip builds the wheel with LONGHAUL_WHEEL=ON: no native CPU flags; ggml's CPU backend as one module per
 #      x86-64 variant (x64, sse42, ... zen4) beside the tools, the best one for the CPU loaded at run time;
+#      by default against glibc 2.28's symbols (issue 59: --glibc 2.28, the default; ci/glibc-floor.sh collects
+#      zig's glibc 2.28 stubs, CMake's LONGHAUL_GLIBC_FLOOR links every binary against them with libstdc++ static
+#      and private, no OpenMP); --glibc native keeps the build machine's glibc (and libgomp) as before;
 #   2. auditwheel (from PyPI) repairs it to the manylinux tag its symbols allow; ci/wheel_check.py checks the
-#      tag and the contents;
+#      tag and the contents, and with a glibc floor that the tag and every ELF file's symbol versions stay at or
+#      below it (manylinux_2_28 or lower);
 #   3. a fresh venv installs the repaired wheel with pip's index off and --only-binary :all: from a wheelhouse
 #      of its dependencies, with nothing but the venv on PATH (no compiler); the demo and the Python API tests
 #      run against that install;
@@ -13,11 +17,15 @@
 # Not part of CI: the cold build compiles 13 CPU variants (458 s here on 2 cores without ccache; seconds with it).
 # Needs qemu-user for step 4: installed first when missing (as root; else the script says so and stops). Online
 # for that, the build tools and the wheelhouse only.
-# Usage: bash ci/wheel-linux.sh [OUT]   (default build/wheel-linux; the installed venv stays in OUT/venv)
+# An older system runs the result with ci/wheel-old-glibc.sh (a Debian 11 chroot, glibc 2.31).
+# Usage: bash ci/wheel-linux.sh [--glibc 2.28|VERSION|native] [OUT]   (default build/wheel-linux; the installed
+#        venv stays in OUT/venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
+GLIBC=2.28
+if [ "${1:-}" = --glibc ]; then GLIBC=${2:?--glibc needs a version or native}; shift 2; fi
 OUT=$(mkdir -p "${1:-build/wheel-linux}" && cd "${1:-build/wheel-linux}" && pwd)
 source ci/need.sh
 need qemu-x86_64 qemu-user
@@ -28,8 +36,15 @@ rm -rf "$OUT/raw" "$OUT/dist" "$OUT/venv" "$OUT/tools" "$OUT/run"
 mkdir -p "$OUT/run"
 
 # 1. the portable wheel
-if ! "$PY" -m pip wheel --no-input --no-deps -w "$OUT/raw" . -C cmake.define.LONGHAUL_WHEEL=ON \
-        -C build-dir=build/portable >"$OUT/build.log" 2>&1; then
+floor=() check=() build_dir=build/portable
+if [ "$GLIBC" != native ]; then
+    bash ci/glibc-floor.sh "$OUT/glibc-$GLIBC" "$GLIBC"
+    floor=(-C "cmake.define.LONGHAUL_GLIBC_FLOOR=$OUT/glibc-$GLIBC")
+    check=(--max-glibc "$GLIBC")
+    build_dir=build/portable-${GLIBC/./_}
+fi
+if ! "$PY" -m pip wheel --no-input --no-deps -w "$OUT/raw" . -C cmake.define.LONGHAUL_WHEEL=ON "${floor[@]}" \
+        -C build-dir="$build_dir" >"$OUT/build.log" 2>&1; then
     tail -n 60 "$OUT/build.log"; echo "ci/wheel-linux.sh: the wheel build failed" >&2; exit 1
 fi
 raw=$(ls "$OUT"/raw/longhaul_cpp-*.whl)
@@ -43,7 +58,7 @@ PATH="$OUT/tools/bin:$PATH" "$OUT/tools/bin/auditwheel" repair -w "$OUT/dist" "$
     || { tail -n 30 "$OUT/repair.log"; echo "ci/wheel-linux.sh: auditwheel repair failed" >&2; exit 1; }
 wheel=$(ls "$OUT"/dist/longhaul_cpp-*.whl)
 grep -E "^(Fixed-up wheel written|Grafting|Setting RPATH)" "$OUT/repair.log" | sed 's/^/  /' || true
-"$PY" ci/wheel_check.py linux "$wheel"
+"$PY" ci/wheel_check.py linux "$wheel" "${check[@]}"
 say "repaired: $(basename "$wheel")"
 
 # 3. install with no index, binaries only, no compiler on PATH; the demo and the Python API tests

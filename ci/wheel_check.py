@@ -1,6 +1,10 @@
 """Checks a built wheel's tag and contents (issues 37, 49): ci/wheel-linux.sh, ci/wheel-windows.sh, ci/wheel-macos.sh.
 
     python ci/wheel_check.py linux WHEEL     # tag, the tools, libllama, the CPU variants beside the tools
+    python ci/wheel_check.py linux WHEEL --max-glibc 2.28  # also: the tag's glibc and every ELF file's GLIBC_
+                                             # symbol versions at most 2.28, no GLIBCXX_/CXXABI_ (libstdc++ is
+                                             # inside each binary), no strong undefined symbol without a version
+                                             # that no library of the wheel defines (readelf)
     python ci/wheel_check.py windows WHEEL   # the same for win_amd64, and every DLL each program and library
                                              # imports is in the wheel or a Windows system DLL (objdump -p)
     python ci/wheel_check.py macos-arm64 WHEEL  # macosx_11_0_arm64 (or macos-x86_64): the tools and libllama.dylib,
@@ -72,6 +76,52 @@ def check_linux(path: Path) -> None:
     print(f"CPU variants ({len(variants)}): {', '.join(v[len('libggml-cpu-'):-3] for v in variants)}")
 
 
+def glibc_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def dyn_symbols(f: Path) -> list[tuple[str, str, str]]:
+    """(binding, section index, name@version) of each dynamic symbol (readelf --dyn-syms -W)."""
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(f)], capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        cols = line.split()
+        if len(cols) >= 8 and cols[0].rstrip(":").isdigit():
+            rows.append((cols[4], cols[6], cols[7]))
+    return rows
+
+
+def check_glibc_floor(path: Path, whl: zipfile.ZipFile, floor: str) -> None:
+    """The manylinux_2_28 wheel (issue 59): the tag and every ELF file's glibc needs at most FLOOR."""
+    tags = [t.split("-")[2] for t in wheel_tags(whl)]
+    for tag in tags:
+        m = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", tag)
+        legacy = {"manylinux1_x86_64": (2, 5), "manylinux2010_x86_64": (2, 12), "manylinux2014_x86_64": (2, 17)}
+        ver = (int(m.group(1)), int(m.group(2))) if m else legacy.get(tag)
+        if ver is None or ver > glibc_tuple(floor):
+            fail(f"the platform tag {tag} is above glibc {floor}")
+    with tempfile.TemporaryDirectory() as tmp:
+        whl.extractall(tmp)
+        elves = sorted(p for p in Path(tmp).rglob("*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF")
+        syms = {p: dyn_symbols(p) for p in elves}
+    defined = {name.split("@")[0] for rows in syms.values() for bind, ndx, name in rows if ndx != "UND"}
+    newest = (0,)
+    for p, rows in syms.items():
+        for bind, ndx, name in rows:
+            base, _, version = name.partition("@")
+            version = version.lstrip("@")
+            if version.startswith("GLIBC_") and version[6:].replace(".", "").isdigit():
+                newest = max(newest, glibc_tuple(version[6:]))
+                if glibc_tuple(version[6:]) > glibc_tuple(floor):
+                    fail(f"{p.name} needs {name}, newer than glibc {floor}")
+            if version.startswith(("GLIBCXX_", "CXXABI_")):
+                fail(f"{p.name} needs the system's libstdc++ ({name}): it should carry its own")
+            if ndx == "UND" and not version and bind != "WEAK" and base not in defined:
+                fail(f"{p.name} needs {base}, which neither the wheel nor glibc {floor} defines (unversioned)")
+    print(f"ELF files: {len(elves)}; the newest glibc symbol version they need: {'.'.join(map(str, newest))} "
+          f"(floor {floor}); no libstdc++ needed; no unresolved unversioned symbol")
+
+
 def pe_imports(objdump: str, f: Path) -> list[str]:
     out = subprocess.run([objdump, "-p", str(f)], capture_output=True, text=True, check=True).stdout
     return re.findall(r"DLL Name: (\S+)", out)
@@ -131,15 +181,23 @@ def check_macos(path: Path, arch: str) -> None:
 
 def main() -> None:
     kinds = ("linux", "windows", "macos-arm64", "macos-x86_64")
-    if len(sys.argv) != 3 or sys.argv[1] not in kinds:
-        fail(f"usage: wheel_check.py {'|'.join(kinds)} WHEEL")
-    path = Path(sys.argv[2])
-    if sys.argv[1] == "linux":
+    args = sys.argv[1:]
+    floor = None
+    if len(args) == 4 and args[0] == "linux" and args[2] == "--max-glibc":
+        floor = args.pop(3)
+        args.pop(2)
+    if len(args) != 2 or args[0] not in kinds:
+        fail(f"usage: wheel_check.py {'|'.join(kinds)} WHEEL (linux: [--max-glibc VERSION])")
+    path = Path(args[1])
+    if args[0] == "linux":
         check_linux(path)
-    elif sys.argv[1] == "windows":
+        if floor:
+            with zipfile.ZipFile(path) as whl:
+                check_glibc_floor(path, whl, floor)
+    elif args[0] == "windows":
         check_windows(path, "x86_64-w64-mingw32-objdump")
     else:
-        check_macos(path, sys.argv[1].split("-", 1)[1])
+        check_macos(path, args[0].split("-", 1)[1])
     print(f"wheel_check: {path.name}: ok")
 
 

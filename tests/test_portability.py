@@ -158,3 +158,72 @@ def test_wheel_scripts_set_up_what_they_need_or_say_so_first() -> None:
         text = (ROOT / "ci" / script).read_text()
         assert "source ci/need.sh" in text and text.index("source ci/need.sh") < text.index("-m pip")
         assert "not found (apt-get install" not in text
+
+
+GLIBC_FLOOR_LIB = r"""
+#include <condition_variable>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+extern "C" int lib_run(const char *path) {
+    std::mutex m; std::condition_variable cv; bool ready = false;
+    std::thread t([&] { std::lock_guard<std::mutex> l(m); ready = true; cv.notify_one(); });
+    { std::unique_lock<std::mutex> l(m); cv.wait_for(l, std::chrono::seconds(5), [&] { return ready; }); }
+    t.join();
+    std::random_device rd; (void)rd();
+    std::istringstream in("a\nb\n"); std::string line; int n = 0;
+    while (std::getline(in, line)) n++;
+    try { throw std::runtime_error("x"); } catch (const std::exception &) { n += 10; }
+    if (!std::filesystem::exists(path)) throw std::invalid_argument(std::string("no file ") + path);
+    return n;
+}
+"""
+GLIBC_FLOOR_MAIN = r"""
+#include <iostream>
+#include <stdexcept>
+extern "C" int lib_run(const char *);
+static struct Init { Init() { std::cout << "constructor" << std::endl; } } init;
+int main(int argc, char **argv) {
+    std::cout << "lines " << lib_run(argv[0]) << std::endl;
+    try { lib_run("/nonexistent"); } catch (const std::invalid_argument &e) { std::cout << "caught: " << e.what() << std::endl; }
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("readelf") is None, reason="needs g++ and readelf")
+def test_glibc_floor_links_cxx_against_glibc_2_28(tmp_path) -> None:
+    """The manylinux_2_28 wheel's link (issue 59; CMakeLists.txt's LONGHAUL_GLIBC_FLOOR, ci/glibc-floor.sh): a shared
+    library and a program built by this machine's GCC with those flags need no glibc symbol above 2.28 and no system
+    libstdc++, and still run here: the executable's constructor (zig's crt1.o, __libc_csu_init), a thread, a
+    steady-clock wait (pthread_cond_clockwait, 2.30: ci/glibc-compat.c), std::random_device (arc4random, 2.36),
+    and an exception thrown in the library and caught in the program (two private libstdc++ copies, one unwinder)."""
+    floor = tmp_path / "floor"
+    r = subprocess.run(["bash", str(ROOT / "ci" / "glibc-floor.sh"), str(floor)], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (tmp_path / "lib.cpp").write_text(GLIBC_FLOOR_LIB)
+    (tmp_path / "main.cpp").write_text(GLIBC_FLOOR_MAIN)
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    link = [f"-B{floor}", f"-L{floor}", f"-Wl,-rpath-link,{floor}", "-static-libstdc++", "-Wl,--exclude-libs,libstdc++.a",
+            "-Wl,--allow-shlib-undefined", str(floor / "glibc-compat.o")]
+    for flag in ("-static-libstdc++", "-Wl,--exclude-libs,libstdc++.a", "-Wl,--allow-shlib-undefined", "glibc-compat.o"):
+        assert flag in cmake  # the flags CMakeLists.txt links the wheel with
+    for args in (["-fPIC", "-shared", "lib.cpp", "-o", "liblib.so"],
+                 ["main.cpp", "-o", "main", "-L.", "-llib", "-Wl,-rpath,$ORIGIN"]):
+        r = subprocess.run(["g++", "-std=c++17", "-O2", *args, *link], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+    run = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["constructor", "lines 12", "caught: no file /nonexistent"]
+    for f in ("liblib.so", "main"):
+        out = subprocess.run(["readelf", "--dyn-syms", "-W", str(tmp_path / f)], capture_output=True, text=True,
+                             check=True).stdout
+        versions = {tuple(int(x) for x in v.split(".")) for v in re.findall(r"@GLIBC_([0-9.]+)", out)}
+        assert versions and max(versions) <= (2, 28), (f, sorted(versions)[-3:])
+        assert "GLIBCXX_" not in out and "CXXABI_" not in out, f
