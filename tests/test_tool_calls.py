@@ -439,3 +439,36 @@ def test_side_by_side_with_llama_server(models: dict[str, Path], name: str) -> N
             # (the server keeps Llama 3.x's python tag, a special token of the real vocabulary, in the content)
             assert ((theirs.get("content") or "").replace("<|python_tag|>", "").strip()
                     == (ours.get("content") or "").strip()), (case, theirs)
+
+
+def test_markers_that_are_special_tokens_reach_the_parser(models: dict[str, Path]) -> None:
+    """In the published vocabularies the call markers of Kimi K2, gpt-oss and DeepSeek are control tokens, whose
+    pieces render only with special=True: a chat that parses tool calls renders its completion with them, a plain
+    one without. Simulated on the byte vocabulary: detokenize drops the markers unless special is set."""
+    import re
+
+    name = "moonshotai-Kimi-K2"
+    calls = [("get_time", {"city": "Lima"})]
+    text = script(E2E[name], calls, "Checking.")
+    markers = sorted(set(re.findall(r"<\|[a-z_]+\|>", text)))
+    assert markers
+    grammar = f"root ::= {_gbnf_literal(text)}"
+    msgs = [{"role": "user", "content": "Time in Lima?"}]
+    with Llama(models[name], n_ctx=4096, n_threads=2, verbose=False) as llm:
+        real = llm.detokenize
+
+        def detokenize(tokens: Any, prev_tokens: Any = None, special: bool = False) -> bytes:
+            out = real(tokens, prev_tokens=prev_tokens, special=special)
+            for m in markers if not special else []:
+                out = out.replace(m.encode(), b"")
+            return out
+
+        llm.detokenize = detokenize  # type: ignore[method-assign]
+        kw = dict(messages=msgs, tools=TOOLS, max_tokens=len(text.encode()) + 8, temperature=0)
+        r = llm.create_chat_completion(tool_choice="auto", grammar=LlamaGrammar.from_string(grammar), **kw)
+        assert calls_of(r["choices"][0]["message"]) == calls
+        plain = llm.create_chat_completion(tool_choice="none", grammar=LlamaGrammar.from_string(grammar), **kw)
+        hidden = text
+        for m in markers:
+            hidden = hidden.replace(m, "")
+        assert plain["choices"][0]["message"]["content"] == hidden

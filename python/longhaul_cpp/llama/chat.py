@@ -23,6 +23,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .._lib import LlamaError, ffi, lib
+from .completion import RENDER_SPECIAL
 from .grammar import JSON_GBNF, LlamaGrammar
 from .llama_types import LogitsProcessorList, StoppingCriteriaList
 from .tool_chat import family_for, required_grammar, tool_chunks, tool_reply
@@ -272,8 +273,12 @@ class ChatMixin:
                 grammar = required_grammar(family, tools)
         elif tool_choice not in (None, "none", "auto", "required") and not isinstance(tool_choice, Mapping):
             raise ValueError(f"tool_choice must be 'none', 'auto', 'required' or a named tool, got {tool_choice!r}")
-        out = self.create_completion(prompt=prompt, logprobs=top_logprobs if logprobs else None, stream=stream, stop=stop,
-                                    stopping_criteria=criteria, grammar=grammar, **kw)
+        token = RENDER_SPECIAL.set(family is not None)  # the calls' markers are special tokens in most families
+        try:
+            out = self.create_completion(prompt=prompt, logprobs=top_logprobs if logprobs else None, stream=stream,
+                                         stop=stop, stopping_criteria=criteria, grammar=grammar, **kw)
+        finally:
+            RENDER_SPECIAL.reset(token)
         if tool is not None:
             return _tool_call(tool["function"]["name"], out, stream)
         if family is not None:

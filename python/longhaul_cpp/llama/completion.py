@@ -4,7 +4,9 @@ streamed pieces that never hold the start of a stop string, logprobs from the ev
 Chat completions (chat.py) run on them."""
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import functools
 import random
 import time
 import uuid
@@ -25,6 +27,11 @@ if TYPE_CHECKING:
 Chunk = dict[str, Any]
 
 
+# set by create_chat_completion while it parses tool calls: the completion's text then keeps the special tokens
+# that mark them (gpt-oss's channels, Kimi K2's and DeepSeek's call sections)
+RENDER_SPECIAL: contextvars.ContextVar[bool] = contextvars.ContextVar("RENDER_SPECIAL", default=False)
+
+
 @dataclasses.dataclass
 class Request:
     prompt: str | list[int]
@@ -41,6 +48,7 @@ class Request:
     logit_bias: Mapping[Any, float] | None
     sampling: dict[str, Any]
     seed: int | None
+    special: bool = False  # the text renders special tokens (the tool-call parsers read their markers)
 
 
 def logits_to_logprobs(logits: np.ndarray) -> np.ndarray:
@@ -98,7 +106,8 @@ class CompletionMixin:
                                                 frequency_penalty=frequency_penalty,
                                                 presence_penalty=presence_penalty, tfs_z=tfs_z,
                                                 mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                                                mirostat_eta=mirostat_eta), seed=seed)
+                                                mirostat_eta=mirostat_eta), seed=seed,
+                       special=RENDER_SPECIAL.get())
         chunks = self._completion_chunks(req)
         return chunks if stream else next(chunks)
 
@@ -182,6 +191,7 @@ class _Completion:
                  gen: Iterator[int], head: Chunk) -> None:
         self.llm, self.req, self.tokens, self.limit, self.stops, self.gen, self.head = \
             llm, req, tokens, limit, stops, gen, head
+        self.detok = functools.partial(llm.detokenize, special=req.special)
         self.out: list[int] = []
         self.sent = 0  # completion tokens streamed so far
         self.prompt_len = len(req.prompt)
@@ -192,17 +202,17 @@ class _Completion:
     def top(self, row: np.ndarray, token: int, token_str: str) -> tuple[float, dict[str, float]]:
         lp = logits_to_logprobs(row)
         order = np.lexsort((-np.arange(len(lp)), -lp))[:self.req.logprobs]  # by logprob, then the larger id
-        top = {self.llm.detokenize([int(i)]).decode("utf-8", "ignore"): float(lp[i]) for i in order}
+        top = {self.detok([int(i)]).decode("utf-8", "ignore"): float(lp[i]) for i in order}
         top[token_str] = float(lp[token])
         return float(lp[token]), top
 
     def token_entry(self, token: int, offset: int) -> dict[str, Any]:
-        token_str = self.llm.detokenize([token]).decode("utf-8", "ignore")
+        token_str = self.detok([token]).decode("utf-8", "ignore")
         lp, top = self.top(self.llm._scores[len(self.tokens) + self.sent - 1], token, token_str)
         return {"tokens": [token_str], "text_offset": [offset], "token_logprobs": [lp], "top_logprobs": [top]}
 
     def chunks(self) -> Iterator[Chunk]:
-        llm, detok, stream = self.llm, self.llm.detokenize, self.req.stream
+        llm, detok, stream = self.llm, self.detok, self.req.stream
         finish, text, fix = "length", None, 0
         for token in self.gen:
             if llm._model.is_eog(token):
@@ -238,7 +248,7 @@ class _Completion:
 
     def stream_ready(self) -> Iterator[Chunk]:
         """Stream the tokens whose text is final: whole characters, never the start of a stop string."""
-        detok = self.llm.detokenize
+        detok = self.detok
         rest = self.out[self.sent:]
         rest_text = detok(rest)
         hold = max([k for s in self.stops for k in range(min(len(s), len(rest_text)), 0, -1)
@@ -274,7 +284,7 @@ class _Completion:
 
     def stream_tail(self) -> Iterator[Chunk]:
         """The tokens not streamed yet, cut at a stop string."""
-        detok = self.llm.detokenize
+        detok = self.detok
         rest = self.out[self.sent:]
         rest_text = detok(rest)
         hits = [rest_text.index(s) for s in self.stops if s in rest_text]
@@ -306,7 +316,7 @@ class _Completion:
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
     def whole_logprobs(self) -> dict[str, Any]:
-        req, llm, detok = self.req, self.llm, self.llm.detokenize
+        req, llm, detok = self.req, self.llm, self.detok
         bos = llm.token_bos()
         base = 0 if req.echo else self.prompt_len
         first_row = 0 if req.echo else len(self.tokens) - 1
