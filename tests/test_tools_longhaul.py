@@ -413,7 +413,8 @@ def test_server_concurrent_clients_match_normal_load(model) -> None:
             first = _prometheus(resp.read().decode())
         again = _concurrent(base)  # the shared cache holds every expert now
         with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
-            second = _prometheus(resp.read().decode())
+            second_text = resp.read().decode()
+            second = _prometheus(second_text)
         with urllib.request.urlopen(base + "/props", timeout=10) as resp:
             props = json.loads(resp.read())
         timings = _timings(base)
@@ -433,6 +434,12 @@ def test_server_concurrent_clients_match_normal_load(model) -> None:
     assert lh["n_ubatch"] == 512  # every expert is cached: no clamp
     assert lh["plan"].startswith("longhaul: budget 2.00 GiB, 16 slots per layer in 4 routed MoE layers")
     assert lh["cache_bytes"] == second["longhaul_cache_bytes"]
+    # each layer's slots, a labeled series (help and type once), as /props has them
+    per_layer = {k: v for k, v in second.items() if k.startswith("longhaul_layer_slots{")}
+    assert per_layer == {f'longhaul_layer_slots{{layer="{s["layer"]}"}}': s["slots"] for s in lh["slots_per_layer"]}
+    assert sum(per_layer.values()) == second["longhaul_slots"]
+    assert second_text.count("# HELP llamacpp:longhaul_layer_slots ") == 1
+    assert second_text.count("# TYPE llamacpp:longhaul_layer_slots gauge") == 1
 
 
 def _timings(base: str) -> dict:
