@@ -64,6 +64,9 @@ def test_bench_smoke(make_model, tmp_path) -> None:
     default_tg = [x for x in runs if x["scenario"] == "resident" and x["test"] == "tg8" and x["layout"] == "repacked"][0]
     assert ratio["measured"] == pytest.approx(full_tg["tokens_per_s"] / default_tg["tokens_per_s"], rel=1e-6)
     assert all(x["convert_s"] is not None for x in lh)  # the conversion's share of the reads is recorded
+    # the prefetch's recall and wasted bytes are recorded for every longhaul run (0 where it read nothing)
+    assert all(x["prefetch_recall"] is not None and 0 <= x["prefetch_recall"] <= 1 for x in lh)
+    assert all(0 <= x["prefetch_wasted_gib"] <= x["expert_gib_read"] for x in lh)
     assert ratio["met"] == (ratio["measured"] >= ratio["goal"])
     # the sweep reads its experts from the storage even with the page cache warm (--no-cold warms the model
     # file before each run), as for a model that does not fit in memory: the process read at least the timed
@@ -118,8 +121,8 @@ def test_bench_smoke(make_model, tmp_path) -> None:
 
 
 def test_bench_policies_scenario(make_model, tmp_path) -> None:
-    """The policies scenario on the calibrated router's token stream: for each budget below every expert, LRU and
-    LFU with the even and the planned split run in the library (their measured expert bytes are the replay's, in
+    """The policies scenario on the calibrated router's token stream: for each budget below every expert, LRU, LFU
+    and the adaptive replacement with the even and the planned split run in the library (their measured expert bytes are the replay's, in
     every layer) next to Belady's bound (no policy reads less), one recommendation each, and the report's table."""
     model = _tiny(make_model)
     out = tmp_path / "out"
@@ -130,7 +133,8 @@ def test_bench_policies_scenario(make_model, tmp_path) -> None:
     rows = json.loads((out / "results.json").read_text())["policies"]
     assert [(x["fraction"], x["policy"], x["split"] if x["policy"] != "belady" else "") for x in rows] == [
         (f, p, s) for f in (0.25, 0.5) for p, s in (("lru", "even"), ("lru", "planned"), ("lfu", "even"),
-                                                    ("lfu", "planned"), ("belady", ""))]
+                                                    ("lfu", "planned"), ("adaptive", "even"),
+                                                    ("adaptive", "planned"), ("belady", ""))]
     for f in (0.25, 0.5):
         got = [x for x in rows if x["fraction"] == f]
         lib_rows, bound = got[:-1], got[-1]
@@ -158,7 +162,7 @@ def test_bench_policies_scenario_under_the_cap(make_model, tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     assert "runs under the 2.00 GiB cap" in r.stderr + r.stdout
     rows = [x for x in json.loads((out / "results.json").read_text())["policies"] if x["policy"] != "belady"]
-    assert len(rows) == 4
+    assert len(rows) == 6
     for x in rows:
         assert x["capped_gib"] == 2.0 and len(x["gen_tps_runs"]) == 2 and all(t > 0 for t in x["gen_tps_runs"])
         assert x["bytes_equal_across_runs"] and x["replay_equal"]

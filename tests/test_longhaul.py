@@ -742,6 +742,14 @@ def test_prefetch_changes_no_output(make_model, arch, et, extra, shards, slots) 
         assert lay.bytes_prefetched == lay.bytes_prefetch_used + lay.bytes_prefetch_wasted
         assert lay.bytes_prefetched <= max(0, n_slots - k) * lay.expert_bytes * N_GEN  # the reserve, per decode step
         assert lay.bytes_prefetched <= lay.bytes_read
+        # a layer reads what its synchronizations miss and what the prefetch reads ahead, nothing else: the
+        # recall (used / (used + missed)) compares the two parts of bytes_read
+        assert lay.bytes_read == lay.bytes_missed + lay.bytes_prefetched
+        assert lay.prefetch_recall == (lay.bytes_prefetch_used / (lay.bytes_prefetch_used + lay.bytes_missed)
+                                       if lay.bytes_prefetch_used + lay.bytes_missed else 0.0)
+    used, missed = sum(l.bytes_prefetch_used for l in st.layers), sum(l.bytes_missed for l in st.layers)
+    assert st.prefetch_recall == pytest.approx(used / (used + missed) if used + missed else 0.0)
+    assert 0.0 <= st.prefetch_recall <= 1.0
     if n_slots > k:
         # the prefetch's reads race the next layer's sync, which drops the reads no reader has started: on a
         # loaded machine one run can lose every race, so a few more runs get their chance to read ahead
@@ -838,38 +846,40 @@ def test_stats_fill_no_more_than_the_callers_struct(make_model) -> None:
         assert not lib().llama_model_longhaul_stats(m.ptr, -1, st, 0)
 
 
+@pytest.mark.parametrize("policy", ["LFU", "ADAPTIVE"])
 @pytest.mark.parametrize("slots", ["all", "3k/2", "k", "staged", "1"])
-def test_lfu_is_bit_exact(make_model, slots) -> None:
-    """The opt-in LFU replacement (LonghaulFlag.LFU, --longhaul-policy lfu) changes which experts stay, never the
-    output: every expert, expert waves, k slots, stages and one slot, against a normal load bit for bit; its misses
-    differ from LRU's where there is a choice (the flag is honoured), and equal them where there is none."""
+def test_lfu_is_bit_exact(make_model, slots, policy) -> None:
+    """The opt-in LFU replacement (LonghaulFlag.LFU, --longhaul-policy lfu) and the adaptive one (ADAPTIVE) change
+    which experts stay, never the output: every expert, expert waves, k slots, stages and one slot, against a
+    normal load bit for bit; LFU's misses differ from LRU's where there is a choice (the flag is honoured), and
+    equal them where there is none."""
     spec = spec_of("qwen3moe", "q8_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]
     k = spec.n_expert_used
     n_slots = {"all": spec.n_expert, "3k/2": 3 * k // 2, "k": k, "staged": k - 1, "1": 1}[slots]
     misses = {}
-    for flags in (LonghaulFlag.LFU, LonghaulFlag(0)):
+    for flags in (LonghaulFlag[policy], LonghaulFlag(0)):
         ids, logits, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, use_extra_bufts=False,
                                        longhaul_cache=budget_for(spec, n_slots), longhaul_flags=flags)
-        assert info["flags"] & LonghaulFlag.LFU == flags
+        assert info["flags"] & (LonghaulFlag.LFU | LonghaulFlag.ADAPTIVE) == flags
         misses[flags] = [layer.n_misses for layer in info["stats"].layers]
         ref_ids, ref_logits = reference(path, info["n_ubatch"])
         assert ids == ref_ids
         np.testing.assert_array_equal(logits, ref_logits)
     if slots in ("all", "k", "1"):  # nothing is replaced, or every plan needs every slot: no choice to make
-        assert misses[LonghaulFlag.LFU] == misses[LonghaulFlag(0)]
-    elif slots == "3k/2":  # decode keeps k of 3k/2 slots: the policies choose differently
+        assert misses[LonghaulFlag[policy]] == misses[LonghaulFlag(0)]
+    elif slots == "3k/2" and policy == "LFU":  # decode keeps k of 3k/2 slots: the policies choose differently
         assert misses[LonghaulFlag.LFU] != misses[LonghaulFlag(0)]
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "adaptive"])
 def test_per_layer_slots_are_honoured_bit_exact_and_replayed(make_model, policy) -> None:
     """longhaul_layer_slots instead of the even split: each routed layer gets its own slots (all, k, fewer than k,
     one: stages and one token at a time in one model), with LRU and with the opt-in LFU: the output is a normal
     load's bit for bit, and the planner's replay of that policy at each layer's slots gives the library's misses."""
     from longhaul_cpp.modelinfo import inspect_model
     from longhaul_cpp.plan import replay_lru
-    from longhaul_cpp.plan.policies import POLICIES
+    from longhaul_cpp.plan.policies import POLICIES, policy_flags
     from longhaul_cpp.plan.record import record_routing
 
     spec = spec_of("qwen3moe", "q8_0", {})
@@ -878,10 +888,10 @@ def test_per_layer_slots_are_honoured_bit_exact_and_replayed(make_model, policy)
     k, routed = spec.n_expert_used, sorted(info.expert_bytes)
     want = {il: (spec.n_expert, k, k - 1, 1)[i % 4] for i, il in enumerate(routed)}
     budget = sum(want[il] * info.expert_bytes[il] for il in routed)
-    flags = LonghaulFlag.LFU if policy == "lfu" else LonghaulFlag(0)
+    flags = policy_flags(policy)
     ids, logits, run = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget,
                                   longhaul_layer_slots=want, use_extra_bufts=False, longhaul_flags=flags)
-    assert run["flags"] & LonghaulFlag.LFU == flags
+    assert run["flags"] & (LonghaulFlag.LFU | LonghaulFlag.ADAPTIVE) == flags
     st = run["stats"]
     assert {layer.il: layer.n_slots for layer in st.layers} == want
     assert sum(layer.cache_bytes for layer in st.layers) == budget

@@ -145,11 +145,15 @@ def test_the_library_splits_as_the_model_does() -> None:
     assert out.split("\n")[:len(want)] == want, out
 
 
-def test_a_longhaul_load_moves_slots_as_the_model_does(make_model) -> None:
+@pytest.mark.parametrize("policy", ["lru", "adaptive"])
+def test_a_longhaul_load_moves_slots_as_the_model_does(make_model, policy) -> None:
     """A model whose layers route with different skews, decoded 1,600 tokens at a quarter of its experts, a topic
     change halfway: the library moves slots (the per-layer slots in its statistics change), its output stays the
-    normal load's to the bit, and the slots and misses are the NumPy model's on the same routing. With
-    NO_ONLINE_SPLIT every layer keeps its slots."""
+    normal load's to the bit, and the slots and misses are the NumPy model's on the same routing, with LRU and
+    with the adaptive replacement (whose shadows are resized with the slots). With NO_ONLINE_SPLIT every layer
+    keeps its slots."""
+    from longhaul_cpp.plan.policies import POLICIES, policy_flags
+
     import dataclasses
 
     from longhaul_cpp import LoadMode, LonghaulFlag, Model
@@ -182,12 +186,14 @@ def test_a_longhaul_load_moves_slots_as_the_model_does(make_model) -> None:
         return np.stack(rows), seen, stats, rec.routing() if rec is not None else None
 
     ref, _, _, routing = run()
-    got, seen, stats, _ = run(load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget)
+    got, seen, stats, _ = run(load_mode=LoadMode.LONGHAUL, longhaul_cache_bytes=budget,
+                              longhaul_flags=policy_flags(policy))
     np.testing.assert_array_equal(got, ref)
     layers = {il: routing.layers[il] for il in sorted(routing.layers)}
     assert [la.il for la in stats.layers] == list(layers)
     model = replay_online(layers, [1] * n, info.n_expert, dict.fromkeys(layers, 1), dict.fromkeys(layers, slots), 512,
-                          floor=info.n_expert_used + 1, ceiling=dict.fromkeys(layers, info.n_expert - 1))
+                          floor=info.n_expert_used + 1, ceiling=dict.fromkeys(layers, info.n_expert - 1),
+                          cache=POLICIES[policy])
     assert model.n_replans > 0
     changes = [(i + 1, s) for i, s in enumerate(seen) if s != (seen[i - 1] if i else (slots,) * len(layers))]
     assert changes == [(c, tuple(sp[il] for il in layers)) for c, sp in model.history]

@@ -298,12 +298,12 @@ def test_plan_command(make_model, tmp_path) -> None:
     assert [b["n_slots"] for b in doc["budgets"]] == list(range(1, 33))
     assert doc["bandwidth_bytes_per_s"] == 100 * 2**20
     assert doc["hit_s_per_token"] > 0 and "every expert it selects cached: " in r.stdout
-    # the replacement and split recommendation: LRU and LFU, even and planned, then Belady's bound
+    # the replacement and split recommendation: LRU, LFU and adaptive, even and planned, then Belady's bound
     rec = doc["recommendation"]
-    assert [(c["policy"], c["split"]) for c in rec["configs"]][:4] == [("lru", "even"), ("lru", "planned"),
-                                                                       ("lfu", "even"), ("lfu", "planned")]
-    assert rec["configs"][4]["policy"] == "belady"
-    assert all(c["bytes_gen"] >= rec["configs"][4]["bytes_gen"] for c in rec["configs"])
+    assert [(c["policy"], c["split"]) for c in rec["configs"]] == [
+        ("lru", "even"), ("lru", "planned"), ("lfu", "even"), ("lfu", "planned"), ("adaptive", "even"),
+        ("adaptive", "planned"), ("belady", rec["configs"][6]["split"])]
+    assert all(c["bytes_gen"] >= rec["configs"][6]["bytes_gen"] for c in rec["configs"])
     assert "recommended: " in r.stdout and "vs Belady" in r.stdout
     hits = [b["hit_lru_gen"] for b in doc["budgets"]]
     assert hits[-1] == 1.0 and all(b["hit_opt_gen"] >= b["hit_lru_gen"] for b in doc["budgets"])

@@ -71,7 +71,7 @@ def test_split_budget_honours_the_budget_and_beats_the_even_split() -> None:
         split_budget(curves, eb, 300)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "adaptive"])
 def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path, policy) -> None:
     """plan_split on a recorded run, for the library's LRU and its opt-in LFU: loaded as longhaul_layer_slots
     (from the file, as --longhaul-split reads it) with that replacement, the library misses in each layer what
@@ -80,7 +80,7 @@ def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path, polic
     from longhaul_cpp import LonghaulFlag, SyntheticSpec
     from longhaul_cpp.modelinfo import inspect_model
     from longhaul_cpp.plan import random_prompt, record_run
-    from longhaul_cpp.plan.policies import POLICIES
+    from longhaul_cpp.plan.policies import POLICIES, policy_flags
     from longhaul_cpp.longhaul import load_split
     from longhaul_cpp.plan.split import layer_curves, plan_split
 
@@ -100,19 +100,21 @@ def test_the_planned_split_is_what_the_library_reads(make_model, tmp_path, polic
     slots = load_split(tmp_path / "split.json")
     assert len(slots) == info.n_layer and {il: slots[il] for il in sp.slots} == sp.slots
     assert json.loads((tmp_path / "split.json").read_text())["policy"] == policy
-    flags = LonghaulFlag.LFU if policy == "lfu" else 0
+    flags = policy_flags(policy)
     again = record_run(path, prompt, 24, budget=budget, n_threads=2, n_ubatch=64, random_gen=True, timed=1,
                        layer_slots=tmp_path / "split.json", flags=flags)
-    assert bool(again.flags & LonghaulFlag.LFU) == (policy == "lfu")
+    assert again.flags & (LonghaulFlag.LFU | LonghaulFlag.ADAPTIVE) == flags
     curves = layer_curves(run, info, list(range(info.n_expert_used, info.n_expert + 1)), 64, cache=cache)
     assert again.misses == {il: int(curves[il][slots[il]]) for il in sp.slots}
 
 
+@pytest.mark.parametrize("policy", ["LFU", "ADAPTIVE"])
 @pytest.mark.parametrize("slots,pipelined", [(5, False), (6, True)])
-def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, slots, pipelined) -> None:
-    """LFU's counts and aging follow the library's plans exactly where a prompt runs in compact expert waves (whose
-    graph has spare syncs that plan nothing) and in pipelined ones (each sync plans two waves): the planner's
-    replay of the run gives the library's misses in every layer."""
+def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, slots, pipelined, policy) -> None:
+    """LFU's counts and aging (and, under ADAPTIVE, its two shadows and their scores) follow the library's plans
+    exactly where a prompt runs in compact expert waves (whose graph has spare syncs that plan nothing) and in
+    pipelined ones (each sync plans two waves): the planner's replay of the run gives the library's misses in every
+    layer."""
     from longhaul_cpp import LonghaulFlag, SyntheticSpec
     from longhaul_cpp.modelinfo import inspect_model
     from longhaul_cpp.plan import random_prompt, record_run, replay_check
@@ -124,7 +126,7 @@ def test_lfu_replay_is_the_library_in_compact_and_pipelined_waves(make_model, sl
     info = inspect_model(path)
     wave_slots = slots // 2 if pipelined else slots
     assert compact_waves_for(4, 48, wave_slots, 16) > -(-16 // wave_slots)  # spare syncs in the graph
-    flags = LonghaulFlag.LFU | (LonghaulFlag.PIPELINE if pipelined else LonghaulFlag.NO_PIPELINE)
+    flags = LonghaulFlag[policy] | (LonghaulFlag.PIPELINE if pipelined else LonghaulFlag.NO_PIPELINE)
     run = record_run(path, random_prompt(path, 48), 24, budget=info.budget_for(slots), n_threads=2, n_ubatch=64,
                      random_gen=True, timed=1, flags=flags)
     assert {il: got for il, (got, _) in replay_check(run, info).items()} == run.misses

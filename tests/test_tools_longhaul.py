@@ -463,6 +463,33 @@ def _metrics(base: str) -> dict[str, float]:
         return _prometheus(resp.read().decode())
 
 
+def test_server_metrics_count_the_prefetch(make_model) -> None:
+    """/metrics reports the cross-layer prefetch (series patch 0036): what it read ahead, what the next layer did not
+    select, and its recall, used / (used + missed) in bytes, which the test recomputes from the other counters: a
+    layer reads its synchronizations' misses and the prefetch's reads, nothing else."""
+    spec = SyntheticSpec(arch="qwen3moe", expert_type="q8_0", weight_type="f32")
+    path = make_model(**dataclasses.asdict(spec))[0]
+    k = spec.n_expert_used
+    with server(path, "--longhaul", "--longhaul-cache", gib_arg(spec.budget_for(2 * k)), "--longhaul-prefetch",
+                "--metrics", "-np", "1") as base:
+        with urllib.request.urlopen(base + "/props", timeout=10) as resp:
+            expert_bytes = {s["expert_bytes"] for s in json.loads(resp.read())["longhaul"]["slots_per_layer"]}
+        # the prefetch's reads race the next layer's synchronization: a loaded machine can lose every race once
+        for i in range(4):
+            _complete(base, f"{i}: {PROMPT}")
+            m = _metrics(base)
+            if m["longhaul_prefetch_bytes_total"] > 0:
+                break
+    assert len(expert_bytes) == 1  # one expert size: the recall needs no per-layer weights here
+    eb = expert_bytes.pop()
+    read_ahead, wasted = m["longhaul_prefetch_bytes_total"], m["longhaul_prefetch_wasted_bytes_total"]
+    missed = m["longhaul_misses_total"] * eb
+    assert read_ahead > 0 and 0 <= wasted <= read_ahead
+    assert m["longhaul_bytes_read_total"] == missed + read_ahead
+    used = read_ahead - wasted
+    assert m["longhaul_prefetch_recall"] == pytest.approx(used / (used + missed), abs=1e-6)
+
+
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen35moe"])
 def test_server_reads_no_expert_before_the_first_request(make_model, arch) -> None:
     """Nothing the server does at start reads an expert (its partial-removal probe decode is answered

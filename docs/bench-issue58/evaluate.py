@@ -1,8 +1,8 @@
 """Issue 58: bytes read per token by LRU-even, LRU with the offline planned split (of the same trace), LRU with
-the online split, LFU-even, LFU+online, ARC, SLRU and Belady, at 1/8 and 1/4 of the experts, on each trace."""
+the online split, LFU-even, LFU+online, adaptive (LRU or LFU per layer) even and online, ARC, SLRU and Belady, at 1/8 and 1/4 of the experts, on each trace."""
 # usage: python traces.py DIR [N] (models and routing traces), then python evaluate.py DIR out.json (the table)
 import sys, glob, json, numpy as np
-from longhaul_cpp.plan.policies import LruCache, Lfu, Arc, Slru, split_budget, POLICIES
+from longhaul_cpp.plan.policies import Adaptive, LruCache, Lfu, Arc, Slru, split_budget, POLICIES
 from longhaul_cpp.plan.replay import replay_lru, replay_optimal, CachePolicy
 from longhaul_cpp.plan.online import replay_online, OnlineParams
 
@@ -52,6 +52,9 @@ def run(f, frac, params=OnlineParams(), rows=None):
     res["lfu-even"] = fixed(even, Lfu)
     on_lfu = replay_online(L2, C2, n_expert, eb, even, 512, params=params, floor=k + 1, ceiling=ceil, cache=Lfu)
     res["lfu-online"] = on_lfu.bytes_read(eb, slice(n, None))
+    res["adaptive-even"] = fixed(even, Adaptive)
+    on_ad = replay_online(L2, C2, n_expert, eb, even, 512, params=params, floor=k + 1, ceiling=ceil, cache=Adaptive)
+    res["adaptive-online"] = on_ad.bytes_read(eb, slice(n, None))
     res["arc-even"] = fixed(even, Arc)
     res["slru-even"] = fixed(even, Slru)
     res["belady-even"] = sum(int(replay_optimal(L2[il], C2, s_even, n_expert, 512)[n:].sum()) * eb[il] for il in layers)
@@ -71,7 +74,8 @@ if __name__ == "__main__":
             pl = r["lru-planned"] or 1
             print(f"{name:32} {frac:.3f} even {base/2**20:9.1f} MiB | planned {r['lru-planned']/base:.3f} "
                   f"online {r['lru-online']/base:.3f} (vs planned {r['lru-online']/pl:.3f}, cold {r['lru-online-cold/even-cold']:.3f}) "
-                  f"| lfu {r['lfu-even']/base:.3f} lfu+on {r['lfu-online']/base:.3f} arc {r['arc-even']/base:.3f} "
+                  f"| lfu {r['lfu-even']/base:.3f} lfu+on {r['lfu-online']/base:.3f} "
+                  f"adaptive {r['adaptive-even']/base:.3f} ad+on {r['adaptive-online']/base:.3f} arc {r['arc-even']/base:.3f} "
                   f"slru {r['slru-even']/base:.3f} belady {r['belady-even']/base:.3f} moves {r['moves']}", flush=True)
             out[f"{name}@{frac}"] = r
     json.dump(out, open(sys.argv[2], "w"), indent=1, default=str)

@@ -18,7 +18,7 @@ from longhaul_cpp import SyntheticSpec, make_model
 from longhaul_cpp.plan.policies import POLICIES
 from longhaul_cpp.plan.record import record_routing
 from longhaul_cpp.plan.replay import replay_lru, replay_optimal
-from longhaul_cpp.routers import ROUTERS, previous_token_reuse, topic_stream
+from longhaul_cpp.models.routers import ROUTERS, previous_token_reuse, topic_stream
 
 DIR = os.path.join(tempfile.gettempdir(), "longhaul-routing-policies")
 N_EXPERT, K, N_PROMPT, N_GEN = 128, 8, 64, 384

@@ -116,6 +116,7 @@ enum llama_longhaul_flag {
     LLAMA_LONGHAUL_FLAG_NO_PREFETCH  = 256,
     LLAMA_LONGHAUL_FLAG_LFU          = 512,
     LLAMA_LONGHAUL_FLAG_NO_ONLINE_SPLIT = 1024,
+    LLAMA_LONGHAUL_FLAG_ADAPTIVE     = 2048,
 };
 enum llama_lazy_mode {
     LLAMA_LAZY_MODE_OFF  = 0,

@@ -128,6 +128,17 @@ class LayerStats:
         n = self.n_hits + self.n_misses
         return self.n_hits / n if n else 0.0
 
+    @property
+    def bytes_missed(self) -> int:
+        """Expert bytes the synchronizations read themselves (bytes_read less what the prefetch read)."""
+        return self.n_misses * self.expert_bytes
+
+    @property
+    def prefetch_recall(self) -> float:
+        """Of the experts the synchronizations would have read without the prefetch, the share (in bytes) it had
+        read ahead: used / (used + missed); 0 without prefetch."""
+        return _recall(self.bytes_prefetch_used, self.bytes_missed)
+
     @classmethod
     def from_c(cls, s: Any) -> LayerStats:
         return cls(**{f.name: getattr(s, f.name) for f in dataclasses.fields(cls)})
@@ -144,13 +155,25 @@ class LonghaulStats:
     def hit_rate(self) -> float:
         return self.total.hit_rate
 
+    @property
+    def prefetch_recall(self) -> float:
+        """LayerStats.prefetch_recall over every layer, each layer's misses weighted by its own expert size (the
+        library's summary and llama-bench's longhaul_prefetch_recall count the same way)."""
+        return _recall(sum(l.bytes_prefetch_used for l in self.layers), sum(l.bytes_missed for l in self.layers))
+
     def as_dict(self) -> dict[str, Any]:
-        return {"total": dataclasses.asdict(self.total) | {"hit_rate": self.total.hit_rate},
+        return {"total": dataclasses.asdict(self.total) | {"hit_rate": self.total.hit_rate,
+                                                            "prefetch_recall": self.prefetch_recall},
                 "layers": self.records()}
 
     def records(self) -> list[dict[str, Any]]:
         """One dict per layer (pandas.DataFrame(stats.records()) works)."""
-        return [dataclasses.asdict(l) | {"hit_rate": l.hit_rate} for l in self.layers]
+        return [dataclasses.asdict(l) | {"hit_rate": l.hit_rate, "prefetch_recall": l.prefetch_recall}
+                for l in self.layers]
+
+
+def _recall(used: int, missed: int) -> float:
+    return used / (used + missed) if used + missed else 0.0
 
 
 def load_split(path: str | Path) -> list[int]:

@@ -20,7 +20,7 @@ LonghaulFlag = enum.IntFlag("LonghaulFlag", {name[len("LLAMA_LONGHAUL_FLAG_"):]:
                                              sorted(ffi.typeof("enum llama_longhaul_flag").elements.items())})
 LonghaulFlag.__doc__ = ("Mirrors `enum llama_longhaul_flag`: DIRECT_IO / NO_DIRECT_IO, PIPELINE / NO_PIPELINE and "
                         "PREFETCH / NO_PREFETCH (default: the library decides), LFU (replacement by use counts with "
-                        "aging instead of LRU), NO_ONLINE_SPLIT (each layer keeps the slots it loaded with instead of "
+                        "aging instead of LRU), ADAPTIVE (each layer LRU or LFU, whichever would have missed less lately), NO_ONLINE_SPLIT (each layer keeps the slots it loaded with instead of "
                         "the online split moving them), and the measurement switches NO_OVERLAP, NO_COMPACT, STAGED.")
 
 

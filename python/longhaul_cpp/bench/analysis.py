@@ -70,6 +70,9 @@ def analyse(runs: list[Run], info: ModelInfo, bw: dict[str, float] | None, io_by
                                    "hidden_read_s_per_token": hidden,
                                    "expert_mib_read_per_token": missed / MIB,
                                    "hit_rate": r.hit_rate}
+            if r.prefetch_wasted_gib is not None:
+                row["prefetch_recall"] = r.prefetch_recall
+                row["prefetch_wasted_mib_per_token"] = r.prefetch_wasted_gib * GIB / MIB / max(n_timed, 1)
             if r.predicted_tokens_per_s:
                 row["predicted_tokens_per_s"] = r.predicted_tokens_per_s
                 row["predicted_error"] = r.predicted_tokens_per_s / r.tokens_per_s - 1

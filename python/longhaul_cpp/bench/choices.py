@@ -52,7 +52,7 @@ def recommended(model: Path, info: ModelInfo, budget: int, *, n_prompt: int, n_g
                      n_ubatch=512, random_gen=True)
     rec = recommend(run, info, budget, bandwidth or max(run.read_rate, 1.0))
     best = rec.best
-    args = ["--longhaul-policy", "lfu"] if best.policy == "lfu" else []
+    args = ["--longhaul-policy", best.policy] if best.policy != "lru" else []
     if best.split == "planned":
         assert best.plan is not None
         best.plan.to_json(split_file)

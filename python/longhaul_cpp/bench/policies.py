@@ -27,6 +27,7 @@ from ..modelinfo import ModelInfo
 from ..params import LonghaulFlag
 from ..plan.record import RecordedRun, record_run
 from ..plan.recommend import Config, Recommendation, recommend
+from ..plan.policies import policy_flags
 from ..plan.predict import replay_check
 from ..models.routers import router_of
 from .capped import parse_result, write_args
@@ -92,7 +93,7 @@ def run_policies(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, dir
             log(f"policies, {routing} routing, {f:.4g} of the experts ({budget / GIB:.2f} GiB), runs {where}")
 
             def kwargs(c: Config | None, timed: int) -> dict[str, Any]:
-                flags = direct | (LonghaulFlag.LFU if c is not None and c.policy == "lfu" else 0)
+                flags = direct | (policy_flags(c.policy) if c is not None else 0)
                 split = c.slots if c is not None and c.split == "planned" else None
                 return dict(path=model, prompt=prompt, n_gen=cfg.n_gen, budget=budget, n_threads=cfg.threads,
                             n_ubatch=512, flags=flags, feed=feed, layer_slots=split, timed=timed)

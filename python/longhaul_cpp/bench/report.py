@@ -83,6 +83,17 @@ def markdown(res: dict[str, Any]) -> str:
                          f"{ms('other_s_per_token')} | {_fmt(b.get('bound_tokens_per_s'), '.2f')} | "
                          f"{_fmt(b.get('of_bound'), '.2f')} | {_fmt(b.get('sum_tokens_per_s'), '.2f')} | "
                          f"{_fmt(b.get('of_sum'), '.2f')} |")
+    prefetched = [b for b in res["analysis"].get("generation_time", []) if b.get("prefetch_recall")]
+    if prefetched:
+        lines += ["", "The cross-layer prefetch in generation (recall: the share of the expert bytes the layers would "
+                  "have read at their synchronizations that it had read ahead; wasted: what it read that the next "
+                  "layer did not select):", "",
+                  "| run | routing | t/s | MiB read / token | prefetch recall | wasted MiB / token |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for b in prefetched:
+            lines.append(f"| {b['scenario']}: {b['label']} | {b['routing']} | {b['tokens_per_s']:.2f} | "
+                         f"{b['expert_mib_read_per_token']:.2f} | {100 * b['prefetch_recall']:.0f} % | "
+                         f"{b['prefetch_wasted_mib_per_token']:.2f} |")
     planned = [(b, kind) for kind, key in (("prompt", "prompt_time"), ("generation", "generation_time"))
                for b in res["analysis"].get(key, []) if "predicted_tokens_per_s" in b]
     if planned:

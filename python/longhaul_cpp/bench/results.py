@@ -31,6 +31,8 @@ class Run:
     io_wait_s: float | None = None
     convert_s: float | None = None      # of the reads: converting experts into the repacked layout
     hidden_s: float | None = None       # read seconds that overlapped compute (two-pass decode)
+    prefetch_recall: float | None = None      # share of the would-be misses the cross-layer prefetch read ahead
+    prefetch_wasted_gib: float | None = None  # expert GiB it read that the next layer did not select
     test_s: float | None = None         # timed seconds of the test (all repetitions)
     peak_rss_gib: float | None = None
     cgroup_peak_gib: float | None = None

@@ -87,6 +87,9 @@ def measure(scenario: str, label: str, routing: str, model: Path, n_prompt: int,
                 run.io_wait_s = float(r.get("longhaul_wait_s", 0.0))
                 run.convert_s = float(r.get("longhaul_convert_s", 0.0))
                 run.hidden_s = float(r.get("longhaul_hidden_s", 0.0))
+                if "longhaul_prefetch_recall" in r:  # a llama-bench of series patch 0036 or later
+                    run.prefetch_recall = float(r["longhaul_prefetch_recall"])
+                    run.prefetch_wasted_gib = float(r["longhaul_prefetch_wasted_gib"])
         else:
             lines = [ln for ln in res.stderr_tail.splitlines() if ln.strip()]
             run.status = "failed" if res.status == "ok" else res.status

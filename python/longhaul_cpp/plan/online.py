@@ -72,7 +72,9 @@ class ShadowStack:
 def resize(cache: Any, n_slots: int) -> None:
     """Give `cache` (a plan.policies cache) n_slots slots: removed slots are the ones its policy would replace
     first (their experts are evicted; the last slots take their places, as the library moves a slot's id), added
-    ones are empty."""
+    ones are empty. An Adaptive cache's shadows are resized too, as their own kinds."""
+    for shadow in getattr(cache, "shadows", ()):
+        resize(shadow, n_slots)
     while cache.n_slots > n_slots:
         empty = [s for s in cache.order if cache.slot_expert[s] < 0]
         victim = empty[0] if empty else cache._victims(set(), 1)[0]

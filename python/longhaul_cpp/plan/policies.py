@@ -7,6 +7,8 @@ stay: the policy only chooses which unselected slots the misses replace.
 - `Lfu`: least frequently used with aging, the library's LonghaulFlag.LFU (llama_longhaul_policy::set_lfu). Every
   plan counts one use per selected expert; every `period` plans all counts halve (integer division), so old
   popularity fades. A victim is the unselected slot with the lowest count, ties to the least recently used.
+- `Adaptive`: LRU or LFU per layer, whichever of two shadow caches missed less lately; the library's
+  LonghaulFlag.ADAPTIVE (llama_longhaul_policy::set_adaptive).
 - `Arc`: adaptive replacement (recency and "used again" lists, ghost lists moving the target between them).
 - `Slru`: segmented LRU. A miss enters a probation segment; a hit moves the expert into a protected segment
   of at most `protected` slots (its least recently used falls back to probation). Victims come from
@@ -169,12 +171,46 @@ class Arc(_Cache):
         return len(misses)
 
 
-POLICIES = {"lru": LruCache, "lfu": Lfu, "slru": Slru, "arc": Arc}
-LIBRARY_POLICIES = ("lru", "lfu")  # the ones the library runs (--longhaul-policy)
+class Adaptive(Lfu):
+    """The library's LonghaulFlag.ADAPTIVE (llama_longhaul_policy::set_adaptive): LRU or LFU per layer, whichever would
+    have missed less lately. Two shadows of the cache (an LruCache and an Lfu of the same slots) plan every plan that
+    needs an expert; each keeps a score of its misses (<< 8) that loses 1/32 per plan; a victim is LFU's while the
+    LFU shadow's score is below the LRU shadow's, else LRU's. The use counts are kept as Lfu keeps them."""
+
+    def __init__(self, n_slots: int, n_expert: int, period: int = LFU_PERIOD) -> None:
+        super().__init__(n_slots, n_expert, period)
+        self.shadows: tuple[_Cache, _Cache] = (LruCache(n_slots, n_expert), Lfu(n_slots, n_expert, period))
+        self.score = [0, 0]
+
+    @property
+    def by_uses(self) -> bool:
+        return self.score[1] < self.score[0]
+
+    def _victims(self, hits: set[int], n: int) -> list[int]:
+        return super()._victims(hits, n) if self.by_uses else LruCache._victims(self, hits, n)  # type: ignore[arg-type]
+
+    def plan(self, ids: Sequence[int] | np.ndarray) -> int:
+        misses = super().plan(ids)
+        if len(ids):  # a plan of no expert is no use (the library's spare syncs), for the shadows too
+            for i, shadow in enumerate(self.shadows):
+                m = shadow.plan(ids)
+                self.score[i] = self.score[i] - (self.score[i] >> 5) + (m << 8)
+        return misses
+
+
+POLICIES = {"lru": LruCache, "lfu": Lfu, "slru": Slru, "arc": Arc, "adaptive": Adaptive}
+LIBRARY_POLICIES = ("lru", "lfu", "adaptive")  # the ones the library runs (--longhaul-policy)
+
+
+def policy_flags(policy: str) -> LonghaulFlag:
+    """The `LonghaulFlag` of a library policy (--longhaul-policy NAME)."""
+    return {"lru": LonghaulFlag(0), "lfu": LonghaulFlag.LFU, "adaptive": LonghaulFlag.ADAPTIVE}[policy]
 
 
 def cache_for_flags(flags: int) -> type[_Cache]:
-    """The replacement a load with these `LonghaulFlag`s runs: Lfu with LFU, else LRU."""
+    """The replacement a load with these `LonghaulFlag`s runs: Adaptive with ADAPTIVE, Lfu with LFU, else LRU."""
+    if int(flags) & LonghaulFlag.ADAPTIVE:
+        return Adaptive
     return Lfu if int(flags) & LonghaulFlag.LFU else LruCache
 
 

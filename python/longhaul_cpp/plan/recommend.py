@@ -21,7 +21,7 @@ from .split import Split, plan_split
 
 @dataclasses.dataclass
 class Config:
-    policy: str                  # "lru", "lfu", or "belady" (the bound, not a policy the library runs)
+    policy: str                  # "lru", "lfu", "adaptive", or "belady" (the bound, not a policy the library runs)
     split: str                   # "even" or "planned"
     slots: dict[int, int]        # routed layer -> slots
     misses_gen: int              # experts the generated tokens read (steady state)
@@ -34,7 +34,7 @@ class Config:
 
     def flags(self) -> str:
         """What the command line needs for it (besides --longhaul-cache)."""
-        out = ["--longhaul-policy lfu"] if self.policy == "lfu" else []
+        out = [f"--longhaul-policy {self.policy}"] if self.policy not in ("lru", "belady") else []
         return " ".join(out + (["--longhaul-split FILE"] if self.split == "planned" else [])) or "(the defaults)"
 
 
