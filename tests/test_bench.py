@@ -332,3 +332,46 @@ def test_the_cap_budget_leaves_room_for_what_is_not_cache() -> None:
     assert non_cache_bytes([low], resident, routed) == resident
     # no such run: an estimate above the resident weights
     assert non_cache_bytes([], resident, routed) > resident
+
+
+@needs_cap
+def test_bench_trade_scenario(make_model, tmp_path) -> None:
+    """The trade scenario: at a budget below every expert and under the cap and half of it (`auto` inside each),
+    the default, the online split off, each policy switch, each in its own process with the repetitions in
+    alternating order, and Belady's bytes replayed at the default's budget; the report's table."""
+    model = _tiny(make_model)
+    out = tmp_path / "out"
+    r = run(BENCH + ["--model", str(model), "--scenarios", "trade", "--routing", "calibrated", "--budgets", "1/4,1",
+                     "-p", "32", "-n", "16", "-r", "2", "--no-cold", "--trade-caps", "2GiB,1GiB", "-o", str(out)],
+            text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())["trade"]
+    labels = ["0.25 of the experts", "cap 2.00 GiB", "cap 1.00 GiB"]
+    configs = ["default", "lru-even", "lfu", "adaptive", "belady"]
+    assert [(x["row"].split(" (")[0].replace(", auto", ""), x["config"]) for x in rows] == [
+        (lb, c) for lb in labels for c in configs]
+    for lb in labels:
+        got = [x for x in rows if x["row"].startswith(lb)]
+        lib, bound = got[:-1], got[-1]
+        assert all(x["error"] is None and len(x["gen_tps_runs"]) == 2 and all(t > 0 for t in x["gen_tps_runs"])
+                   for x in lib)
+        assert len({x["budget_gib"] for x in lib}) == 1  # every configuration of a row at one budget
+        if lb.startswith("cap"):
+            assert lib[0]["budget_gib"] < lib[0]["cap_gib"]
+        else:
+            assert lib[0]["budget_gib"] * 2**30 == TINY.budget_for(4) and lib[0]["cap_gib"] is None
+        even = lib[1]
+        assert even["slots_min"] == even["slots_max"]  # the online split off: the even split stays
+        assert all(x["gen_bytes_per_token"] >= 0 for x in lib) and bound["gen_bytes_per_token"] is not None
+        # Belady's optimum never reads more than LRU at the same (even) split; the prefetch only adds bytes
+        assert bound["gen_bytes_per_token"] <= even["gen_bytes_per_token"]
+    md = (out / "results.md").read_text()
+    assert "## The trade" in md and md.count("| calibrated | ") == len(rows)
+
+
+def test_trade_caps() -> None:
+    from longhaul_cpp.bench.trade import cap_limit
+
+    assert cap_limit("1/2", 1000) == 500 and cap_limit("0.25", 1000) == 250 and cap_limit("2GiB", 1) == 2 * 2**30
+    with pytest.raises(ValueError, match="must be in"):
+        cap_limit("3/2", 1000)

@@ -89,6 +89,17 @@ def test_slots_move_to_the_layer_whose_misses_they_save() -> None:
     assert sum(int(m.sum()) for m in got.misses.values()) < 0.9 * fixed
 
 
+def test_a_layer_loaded_below_the_floor_keeps_its_slots_as_its_floor() -> None:
+    """A budget whose even split is at or below a token's experts (stages): as in the library
+    (llama_longhaul::start_split), each layer's floor is at most the slots it was loaded with, so the split
+    plans within the budget instead of failing, and no layer goes below what it had."""
+    n, k = 600, 4
+    layers = {0: _layer(3, n, k, hot=4, weight=1e6), 1: _layer(4, n, k, hot=12, weight=4.0), 2: _layer(5, n, k)}
+    even = dict.fromkeys(layers, 3)  # below k, and below the floor k + 1
+    got = replay_online(layers, [1] * n, N_EXPERT, dict.fromkeys(layers, 1000), even, 16, floor=k + 1)
+    assert sum(got.slots.values()) == 9 and all(s >= 3 for s in got.slots.values())
+
+
 def test_layers_of_other_expert_sizes_keep_their_bytes() -> None:
     n, k = 1500, 2
     layers = {0: _layer(3, n, k, hot=3, weight=1e6), 1: _layer(4, n, k, hot=12, weight=4.0)}

@@ -78,6 +78,11 @@ def test_info_matches_the_library(make_model, caplog) -> None:
     assert r.returncode == 0, r.stderr
     assert "longhaul:       supported" in r.stdout and "3 slots per layer" in r.stdout
     assert "effective n_ubatch 1" in r.stdout and "2 stage(s)" in r.stdout
+    # a budget that leaves experts out says which replacement to try; one that holds every expert does not
+    assert "replacement:    3 of 16 experts per layer fit" in r.stdout and "--longhaul-policy adaptive" in r.stdout
+    r = run([sys.executable, "-m", "longhaul_cpp", "info", str(paths[0]), "--longhaul-cache",
+             f"{info.budget_for(16)}B"], text=True)
+    assert r.returncode == 0 and "16 slots per layer" in r.stdout and "replacement:" not in r.stdout, r.stdout
     # the minimum it prints, as a size the tools' --longhaul-cache takes, is exactly one slot per layer
     m = re.search(r"minimum budget: .*\(--longhaul-cache ([0-9.]+[KMG]iB|[0-9]+B)\)", r.stdout)
     assert m, r.stdout

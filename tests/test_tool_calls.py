@@ -2,6 +2,8 @@
 syntax parsed into OpenAI `tool_calls` (longhaul_cpp.llama.tool_calls), per family, with the published chat
 templates of the vendored tree (vendor/llama.cpp/models/templates; LONGHAUL_TEMPLATES_DIR overrides).
 
+Templates the pin lacks (Llama 4) are in tests/data/templates (its README names their sources).
+
 - the family each published template gets (marker substrings, as upstream's common_chat_templates_apply);
 - the template renders `tools` into the prompt, and an assistant turn with tool calls rendered by the template
   itself parses back to the same calls;
@@ -39,21 +41,22 @@ from longhaul_cpp.llama.tool_calls import ToolCallError, detect_family, hold_fro
 from longhaul_cpp.llama.tool_chat import tool_chunks, tool_reply
 
 TEMPLATES = Path(os.environ.get("LONGHAUL_TEMPLATES_DIR") or ROOT / "vendor" / "llama.cpp" / "models" / "templates")
+OWN_TEMPLATES = ROOT / "tests" / "data" / "templates"  # published templates the pin lacks
 _IN_CI = os.environ.get("CI", "") not in ("", "0", "false")
 pytestmark = pytest.mark.skipif(not TEMPLATES.is_dir() and not _IN_CI, reason=f"{TEMPLATES} is not there (vendor/llama.cpp is not "
                                 "materialized: the build does it; or set LONGHAUL_TEMPLATES_DIR)")
 
-# the families' published templates (GLM-4.5's own template is not in the tree: GLM-4.6 writes the same syntax;
-# no Llama 4 template either: Llama 3.x's JSON calls)
+# the families' published templates (GLM-4.5's own template is not in the tree: GLM-4.6 writes the same syntax)
 FAMILY_OF = {
     "Qwen-Qwen3-0.6B": "hermes", "Qwen-Qwen2.5-7B-Instruct": "hermes", "openai-gpt-oss-120b": "gpt-oss",
     "GLM-4.6": "glm-4.5", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek",
     "deepseek-ai-DeepSeek-V3.1": "deepseek", "moonshotai-Kimi-K2": "kimi-k2",
     "meta-llama-Llama-3.1-8B-Instruct": "llama3", "meta-llama-Llama-3.3-70B-Instruct": "llama3",
+    "meta-llama-Llama-4-Scout-17B-16E-Instruct": "llama3",
     "MiniMax-M2": "minimax-m2", "microsoft-Phi-3.5-mini-instruct": "generic", "MiniMax-M3": "generic",
 }
 # the ends of a turn a model's text stops before (the end-of-generation tokens)
-TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|call|>", "<|return|>", "<｜end▁of▁sentence｜>", "[e~[", "<|user|>",
+TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eot|>", "<|call|>", "<|return|>", "<｜end▁of▁sentence｜>", "[e~[", "<|user|>",
              "<|observation|>")
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city, today.",
@@ -68,7 +71,8 @@ NESTED = {"city": "Paris", "opts": {"units": ["c", {"deep": True, "n": 1.5}], "n
 
 
 def template(name: str) -> str:
-    return (TEMPLATES / f"{name}.jinja").read_text()
+    own = OWN_TEMPLATES / f"{name}.jinja"
+    return (own if own.is_file() else TEMPLATES / f"{name}.jinja").read_text()
 
 
 def script(family: str, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
@@ -97,6 +101,9 @@ def script(family: str, calls: list[tuple[str, dict[str, Any]]], content: str = 
         return content + (f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>" if calls else "")
     if family == "llama3":  # text before a call: the python tag opens the call
         return content + ("<|python_tag|>" if content and calls else "") + "; ".join(f'{{"name": "{n}", "parameters": {j(a)}}}' for n, a in calls)
+    if family == "llama4":  # the python block (the text), then the calls one after another, as its template writes
+        head = f"<|python_start|>{content}<|python_end|>" if calls else content
+        return head + "".join(f'{{"name": "{n}", "parameters": {j(a)}}}' for n, a in calls)
     if family == "minimax-m2":
         body = "".join(f'<invoke name="{n}">\n' + "".join(f'<parameter name="{k}">{v}</parameter>\n'
                                                           for k, v in xml(a).items()) + "</invoke>\n" for n, a in calls)
@@ -104,7 +111,8 @@ def script(family: str, calls: list[tuple[str, dict[str, Any]]], content: str = 
     raise AssertionError(family)
 
 
-SCRIPT_FAMILIES = ["hermes", "gpt-oss", "glm-4.5", "deepseek-r1", "deepseek", "kimi-k2", "llama3", "minimax-m2"]
+SCRIPT_FAMILIES = ["hermes", "gpt-oss", "glm-4.5", "deepseek-r1", "deepseek", "kimi-k2", "llama3", "llama4",
+                   "minimax-m2"]
 CASES = {
     "nested": ("", [("get_weather", NESTED)]),
     "two-calls": ("", [("get_weather", {"city": "Oslo"}), ("get_time", {"city": "Lima"})]),
@@ -114,7 +122,7 @@ CASES = {
 
 
 def parser_family(family: str) -> str:
-    return "deepseek" if family == "deepseek-r1" else family
+    return {"deepseek-r1": "deepseek", "llama4": "llama3"}.get(family, family)
 
 
 def calls_of(msg: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -144,7 +152,7 @@ def test_template_renders_tools_and_its_own_calls_parse_back(name: str) -> None:
     turn = {"role": "assistant", "content": "", "tool_calls": [
         {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
         for i, (n, a) in enumerate(calls)]}
-    if FAMILY_OF[name] in ("llama3", "gpt-oss"):  # their templates write one call per turn
+    if FAMILY_OF[name] == "gpt-oss" or name.startswith("meta-llama-Llama-3"):  # one call per turn
         calls, turn["tool_calls"] = calls[:1], turn["tool_calls"][:1]
     whole = _render(name, user + [turn], False)
     start = next(i for i, (a, b) in enumerate(zip(prompt + "\0", whole)) if a != b)
@@ -298,7 +306,8 @@ def _gbnf_literal(text: str) -> str:
 # template -> the syntax its model writes (script's family)
 E2E = {"Qwen-Qwen3-0.6B": "hermes", "moonshotai-Kimi-K2": "kimi-k2", "MiniMax-M2": "minimax-m2",
        "deepseek-ai-DeepSeek-V3.1": "deepseek", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "deepseek-r1",
-       "GLM-4.6": "glm-4.5", "meta-llama-Llama-3.1-8B-Instruct": "llama3", "openai-gpt-oss-120b": "gpt-oss"}
+       "GLM-4.6": "glm-4.5", "meta-llama-Llama-3.1-8B-Instruct": "llama3", "openai-gpt-oss-120b": "gpt-oss",
+       "meta-llama-Llama-4-Scout-17B-16E-Instruct": "llama4"}
 
 
 @pytest.fixture(scope="module")
@@ -408,10 +417,17 @@ def _server_message(base: str, text: str) -> dict[str, Any]:
 
 
 # where the pin's llama-server refuses a scripted text (HTTP 500 "The model produced output that does not match
-# the expected peg-native format") that we read: two calls in one MiniMax-M2 reply (also as the template itself
-# writes them) or in one Llama 3.x reply (';'-separated JSON), and Llama 3.x plain text holding a '{'
+# the expected peg-native format") that we read: two calls in one MiniMax-M2 or Llama 4 reply (also as the
+# templates themselves write them) or in one Llama 3.x reply (';'-separated JSON), and Llama 3.x plain text holding
+# a '{'
 SERVER_REFUSES = {("MiniMax-M2", "two-calls"), ("meta-llama-Llama-3.1-8B-Instruct", "two-calls"),
-                  ("meta-llama-Llama-3.1-8B-Instruct", "plain-text")}
+                  ("meta-llama-Llama-3.1-8B-Instruct", "plain-text"),
+                  ("meta-llama-Llama-4-Scout-17B-16E-Instruct", "two-calls")}
+# where it reads no call and keeps the whole text as content: Llama 4's text inside the python block before a call
+# (its template writes a call's content there; the pin's parser reads calls only after an empty block), and a bare
+# JSON call as the template's instructions ask for one (ours reads both as calls)
+SERVER_KEEPS_TEXT = {("meta-llama-Llama-4-Scout-17B-16E-Instruct", "text-and-call"),
+                     ("meta-llama-Llama-4-Scout-17B-16E-Instruct", "bare-json")}
 
 
 @pytest.mark.skipif(_server_exe() is None, reason="no llama-server (the package's, or LONGHAUL_UPSTREAM_BIN's)")
@@ -425,11 +441,19 @@ def test_side_by_side_with_llama_server(models: dict[str, Path], name: str) -> N
     ends at once (its end-of-generation token biased up). Where the server refuses the text (SERVER_REFUSES) it
     must still refuse it, and ours reads it as expected."""
     family = E2E[name]
+    cases = sorted(CASES.items()) + ([("bare-json", ("", [("get_time", {"city": "Rome"})]))]
+                                     if family == "llama4" else [])
     with _server(models[name]) as base:
-        for case, (content, calls) in sorted(CASES.items()):
+        for case, (content, calls) in cases:
             text = script(family, calls, content)
+            if case == "bare-json":
+                text = text.removeprefix("<|python_start|><|python_end|>")
             ours = tool_reply(parser_family(family), TOOLS, _whole(text), lambda _: None)["choices"][0]["message"]
             assert calls_of(ours) == calls, (case, text)
+            if (name, case) in SERVER_KEEPS_TEXT:
+                theirs = _server_message(base, text)
+                assert not calls_of(theirs) and theirs.get("content") == text, (case, theirs)
+                continue
             if (name, case) in SERVER_REFUSES:
                 with pytest.raises(AssertionError, match="does not match the expected"):
                     _server_message(base, text)

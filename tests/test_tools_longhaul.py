@@ -238,6 +238,7 @@ def test_completion_prints_the_plan_at_default_verbosity(model) -> None:
     assert auto.returncode == 0 and re.search(r"longhaul: --longhaul-cache auto chose [0-9.]+ [KMG]iB .*available .*- "
                                               r"resident weights", err), err[-2000:]
     assert "longhaul: budget" in err
+    assert "--longhaul-policy adaptive" not in err  # every expert fits: no replacement to choose
     cli = tool("llama-cli", "--model", str(model), "--longhaul", "--longhaul-cache", "auto", "-p", "hello", "-n", "4",
                "-st", "-t", "2")
     assert cli.returncode == 0 and re.search(rb"--longhaul-cache auto chose .* available .*- resident weights", cli.stdout)

@@ -19,7 +19,7 @@ BENCH_MODELS: dict[str, SyntheticSpec] = {
                            seed=2),
 }
 ROUTINGS = ("uniform", "zipf")  # the default routings; routers.ROUTERS has "calibrated" too (--routing)
-SCENARIOS = ("resident", "allcached", "cap", "sweep", "policies")
+SCENARIOS = ("resident", "allcached", "cap", "sweep", "policies", "trade")
 DEFAULT_SCENARIOS = ("resident", "allcached", "cap", "sweep")
 
 
@@ -35,6 +35,7 @@ class BenchConfig:
     fractions: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
     cap_fraction: float = 0.5
     cap_gib: float | None = None     # an absolute cap instead of cap_fraction
+    trade_caps: tuple[str, ...] = ("1/2", "1/4")  # the trade scenario's caps: fractions of the model file or sizes
     n_prompt: int = 512
     n_gen: int = 128
     n_gen_capped: int = 16           # generation tokens of the (slow) mmap load under the cap

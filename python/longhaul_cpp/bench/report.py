@@ -106,6 +106,9 @@ def markdown(res: dict[str, Any]) -> str:
     if res.get("policies"):
         from .policies import markdown as policies_markdown
         lines += ["", policies_markdown(res["policies"]).rstrip("\n")]
+    if res.get("trade"):
+        from .trade import markdown as trade_markdown
+        lines += ["", trade_markdown(res["trade"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

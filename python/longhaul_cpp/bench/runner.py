@@ -226,6 +226,9 @@ def planned_steps(cfg: BenchConfig, info: ModelInfo, n_models: int) -> int:
         n += n_models * (1 + sum(1 for _, s in _sweep_slots(cfg, info) if s >= 1))
     if "policies" in cfg.scenarios:
         n += n_models * sum(1 for f in cfg.fractions if 1 <= round(f * info.n_expert) < info.n_expert)
+    if "trade" in cfg.scenarios:
+        from .trade import trade_rows
+        n += n_models * len(trade_rows(cfg, info))
     return n
 
 
@@ -332,5 +335,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print,
     if "policies" in cfg.scenarios:
         from .policies import run_policies
         res["policies"] = run_policies(cfg, models, info, _DIRECT_FLAGS[cfg.sweep_direct_io], log, step=step)
+    if "trade" in cfg.scenarios:
+        from .trade import run_trade
+        res["trade"] = run_trade(cfg, models, info, _DIRECT_FLAGS[cfg.sweep_direct_io], log, step=step)
     res["analysis"] = analyse(runs, info, bw, res["model"]["io_bytes"])
     return res

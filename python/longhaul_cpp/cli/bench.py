@@ -23,12 +23,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(static Zipf-like popularity), calibrated (routing that hits like published models', "
                         "driven by a persistent token stream; docs/routing-policies.md); both: uniform,zipf (default)")
     p.add_argument("--scenarios", default="resident,allcached,cap,sweep",
-                   help="comma-separated subset of resident,allcached,cap,sweep,policies (default: all but policies: "
-                        "bytes per token and t/s of each replacement policy and per-layer split)")
+                   help="comma-separated subset of resident,allcached,cap,sweep,policies,trade (default: all but "
+                        "policies: bytes per token and t/s of each replacement policy and per-layer split; and trade: "
+                        "t/s and bytes per generated token of the default, the online split off, each policy switch "
+                        "and Belady's bound, at each budget below every expert and under the cap and half of it)")
     p.add_argument("--budgets", default="1/16,1/8,1/4,1/2,1",
                    help="sweep budgets as fractions of the routed experts (default: 1/16,1/8,1/4,1/2,1)")
     p.add_argument("--cap", type=float, default=0.5, help="memory cap as a fraction of the model file (default 0.5)")
     p.add_argument("--cap-gib", type=float, help="memory cap in GiB (instead of --cap)")
+    p.add_argument("--trade-caps", default="1/2,1/4",
+                   help="the trade scenario's memory caps, comma-separated: fractions of the model file or sizes "
+                        "such as 6GiB; none for no capped rows (default: 1/2,1/4)")
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("--n-gen-capped", type=int, default=16,
@@ -64,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
                       cap_fraction=args.cap, cap_gib=args.cap_gib, n_prompt=args.n_prompt, n_gen=args.n_gen, n_gen_capped=args.n_gen_capped,
                       threads=args.threads, reps=args.repetitions, cold=not args.no_cold,
                       capped_timeout=args.capped_timeout, sweep_direct_io=args.sweep_direct_io,
+                      trade_caps=tuple(c.strip() for c in args.trade_caps.split(",")
+                                       if c.strip() and c.strip() != "none"),
                       out=Path(args.output or f"longhaul-bench-{Path(args.model).stem}"))
     lines: list[Progress] = []  # the progress lines, the last one on the screen: the log prints above it
 

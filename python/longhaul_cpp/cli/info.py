@@ -7,6 +7,7 @@ import argparse
 from ..fit import fit_longhaul_cache
 from ..longhaul import GIB, MIB, is_auto_budget, parse_cache_size, size_arg
 from ..modelinfo import inspect_model
+from ..plan.recommend import policy_hint
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,4 +59,6 @@ def run(args: argparse.Namespace) -> int:
               f"{info.stages(budget)} stage(s) per MoE layer, up to "
               f"{info.waves(budget, info.effective_ubatch(budget, args.n_ubatch))} expert wave(s) per ubatch")
         print(f"prompts:        {info.prompt_plan(budget, args.n_ubatch)}")
+        if min(slots.values()) < info.n_expert:
+            print(f"replacement:    {policy_hint(min(slots.values()), info.n_expert).removeprefix('longhaul: ')}")
     return 0

@@ -12,6 +12,8 @@ llama.cpp's `common_chat_templates_apply` (whose specialised formats are chosen 
 - "hermes" (Qwen2.5, Qwen3, Hermes): `<tool_call>`; `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (and the
   Qwen3-Coder body `<function=NAME><parameter=K>V</parameter></function>`)
 - "llama3" (Llama 3.x, Llama 4): `<|python_tag|>` / header tokens; a reply that is a JSON `{"name", "parameters"}`
+  (Llama 3.x: several separated by ';'; Llama 4's template writes its calls one after another, after its
+  `<|python_start|>TEXT<|python_end|>`, whose TEXT is the turn's content)
 - "generic": any other template; a reply that is JSON `{"name", "arguments"|"parameters"}`, a list of those, or
   `{"tool_call": ...}` / `{"tool_calls": [...]}`.
 """
@@ -47,7 +49,7 @@ START_MARKERS: dict[str, tuple[str, ...]] = {
     "glm-4.5": ("<tool_call>",),
     "deepseek": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"),
     "hermes": ("<tool_call>",),
-    "llama3": ("<|python_tag|>",),
+    "llama3": ("<|python_tag|>", "<|python_start|>"),
     "generic": (),
 }
 
@@ -257,23 +259,43 @@ def _json_calls(obj: Any) -> list[ToolCall] | None:
     return None
 
 
+def _json_sequence(body: str) -> list[ToolCall] | None:
+    """Calls written as JSON values one after another (separated by nothing, blanks or ';'), None when the body
+    is not only that."""
+    dec, i, out = json.JSONDecoder(strict=False), 0, []
+    while i < len(body):
+        try:
+            value, i = dec.raw_decode(body, i)
+        except json.JSONDecodeError:
+            return None
+        got = _json_calls(value)
+        if got is None:
+            return None
+        out += got
+        while i < len(body) and (body[i].isspace() or body[i] == ";"):
+            i += 1
+    return out
+
+
 def _parse_json(text: str, _: Any) -> ParsedMessage:
     body = text.strip()
     prefix = ""
     if "<|python_tag|>" in body:
         prefix, _, body = body.partition("<|python_tag|>")
         body = body.strip()
+    elif "<|python_start|>" in body:  # Llama 4: <|python_start|>TEXT<|python_end|> then the calls
+        prefix, _, body = body.partition("<|python_start|>")
+        inner, end, rest = body.partition("<|python_end|>")
+        if end and rest.strip():
+            prefix, body = prefix + inner, rest.strip()
+        else:  # the calls inside the block
+            body = inner.strip()
     calls: list[ToolCall] | None = None
     if body[:1] in ("{", "["):
         try:
             calls = _json_calls(json.loads(body))
         except json.JSONDecodeError:
-            parts = [p for p in body.split(";") if p.strip()]  # Llama 3.x: calls separated by ';'
-            try:
-                got = [_json_calls(json.loads(p)) for p in parts]
-                calls = None if any(g is None for g in got) else [c for g in got for c in g or []]
-            except json.JSONDecodeError:
-                calls = None
+            calls = _json_sequence(body)
     if isinstance(calls, list) and not calls:
         calls = None
     if calls is None:

@@ -107,7 +107,8 @@ class OnlineSplit:
         self.expert_bytes = dict(expert_bytes)
         self.slots = dict(slots)
         self.ceiling = {il: min(n_expert, (ceiling or {}).get(il, n_expert)) for il in slots}
-        self.floor = {il: min(floor, self.ceiling[il]) for il in slots}
+        # as the library (llama_longhaul::start_split): a layer loaded with fewer slots than the floor keeps them
+        self.floor = {il: min(floor, self.slots[il], self.ceiling[il]) for il in slots}
         self.shadow = {il: ShadowStack(n_expert) for il in slots}
         self.groups: dict[int, list[int]] = {}
         for il in sorted(slots):
