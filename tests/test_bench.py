@@ -363,6 +363,8 @@ def test_bench_trade_scenario(make_model, tmp_path) -> None:
         even = lib[1]
         assert even["slots_min"] == even["slots_max"]  # the online split off: the even split stays
         assert all(x["gen_bytes_per_token"] >= 0 for x in lib) and bound["gen_bytes_per_token"] is not None
+        # the time split: the wait at the syncs is part of a generated token's time
+        assert all(0 <= x["gen_wait_ms_per_token"] <= x["gen_ms_per_token"] for x in lib)
         # Belady's optimum never reads more than LRU at the same (even) split; the prefetch only adds bytes
         assert bound["gen_bytes_per_token"] <= even["gen_bytes_per_token"]
     md = (out / "results.md").read_text()
@@ -373,5 +375,8 @@ def test_trade_caps() -> None:
     from longhaul_cpp.bench.trade import cap_limit
 
     assert cap_limit("1/2", 1000) == 500 and cap_limit("0.25", 1000) == 250 and cap_limit("2GiB", 1) == 2 * 2**30
-    with pytest.raises(ValueError, match="must be in"):
-        cap_limit("3/2", 1000)
+    for bad in ("3/2", "1/0", "0"):
+        with pytest.raises(ValueError, match=r"--trade-caps '.*': a fraction must be in \(0, 1\]"):
+            cap_limit(bad, 1000)
+    with pytest.raises(ValueError):
+        cap_limit("lots", 1000)

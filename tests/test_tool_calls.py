@@ -82,7 +82,10 @@ def script(family: str, calls: list[tuple[str, dict[str, Any]]], content: str = 
     if family == "hermes":
         return content + "".join(f'<tool_call>\n{{"name": "{n}", "arguments": {j(a)}}}\n</tool_call>' for n, a in calls)
     if family == "gpt-oss":
-        out = f"<|channel|>final<|message|>{content}<|end|><|start|>assistant" if content else ""
+        if not calls:  # a reply without a call: the final message
+            return f"<|channel|>final<|message|>{content}" if content else ""
+        # text before a call: a commentary preamble (llama-server reads no call after a final message)
+        out = f"<|channel|>commentary<|message|>{content}<|end|><|start|>assistant" if content else ""
         return out + "<|start|>assistant".join(f"<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
                                                 f"{j(a)}<|call|>" for n, a in calls)
     if family == "glm-4.5":
@@ -431,9 +434,10 @@ SERVER_KEEPS_TEXT = {("meta-llama-Llama-4-Scout-17B-16E-Instruct", "text-and-cal
 
 
 @pytest.mark.skipif(_server_exe() is None, reason="no llama-server (the package's, or LONGHAUL_UPSTREAM_BIN's)")
-# gpt-oss is not compared: with a prefill the pin's server continues inside a "final" channel message, so the
-# harmony markup of a prefill comes back as content (its parser never sees it as a header); gpt-oss is checked
-# against upstream's tests/test-chat.cpp expectations (UPSTREAM) instead
+# gpt-oss is not compared here: with a prefill the pin's server continues inside a "final" channel message, so the
+# harmony markup of a prefill comes back as content (its parser never sees it as a header); it is compared by
+# test_side_by_side_with_the_servers_parse (the text as a generated reply) and against upstream's
+# tests/test-chat.cpp expectations (UPSTREAM)
 @pytest.mark.parametrize("name", sorted(set(E2E) - {"openai-gpt-oss-120b"}))
 def test_side_by_side_with_llama_server(models: dict[str, Path], name: str) -> None:
     """Each scripted text parsed by llama-server (--jinja, the same template) and by us: the same calls and
@@ -463,6 +467,80 @@ def test_side_by_side_with_llama_server(models: dict[str, Path], name: str) -> N
             # (the server keeps Llama 3.x's python tag, a special token of the real vocabulary, in the content)
             assert ((theirs.get("content") or "").replace("<|python_tag|>", "").strip()
                     == (ours.get("content") or "").strip()), (case, theirs)
+
+
+def _parse_exe() -> Path | None:
+    """tests/test-longhaul-chat-parse.cpp (in the series), built with upstream's tests (LONGHAUL_UPSTREAM_BIN)."""
+    d = upstream_bin_dir()
+    return d / "test-longhaul-chat-parse" if d is not None and (d / "test-longhaul-chat-parse").exists() else None
+
+
+def _servers_parse(exe: Path, model: Path, text: str, tmp: Path) -> dict[str, Any]:
+    """llama-server's parse of `text` as the reply the model generates to a tool request (no prefill): the
+    server's own request handling and parser, called without the server (test-longhaul-chat-parse)."""
+    req = {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS, "tool_choice": "auto",
+           "parallel_tool_calls": True}
+    (tmp / "request.json").write_text(json.dumps(req))
+    (tmp / "reply.txt").write_bytes(text.encode())
+    r = subprocess.run([str(exe), str(model), str(tmp / "request.json"), str(tmp / "reply.txt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+# where the server's parse of a generated reply differs from ours, as in SERVER_REFUSES and SERVER_KEEPS_TEXT
+PARSE_REFUSES = SERVER_REFUSES
+PARSE_KEEPS_TEXT = SERVER_KEEPS_TEXT
+# and where it reads only the first of two calls: gpt-oss calls one function per turn (its template writes one), the
+# server's parser stops after the first <|call|>; ours reads both
+PARSE_FIRST_CALL_ONLY = {("openai-gpt-oss-120b", "two-calls")}
+# templates whose generation prompt opens a think block: the reply begins inside it and closes it
+THINK_OPENS = {"MiniMax-M2", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "deepseek-ai-DeepSeek-V3.1"}
+
+
+@pytest.mark.skipif(_parse_exe() is None, reason="no test-longhaul-chat-parse (built with LONGHAUL_UPSTREAM_TESTS)")
+@pytest.mark.parametrize("name", sorted(E2E))
+def test_side_by_side_with_the_servers_parse(models: dict[str, Path], name: str, tmp_path: Path) -> None:
+    """Each scripted text as the reply a model generates, parsed by llama-server's own code (its request handling,
+    the template's format and parser, its reasoning format: test-longhaul-chat-parse) and by us: the same calls
+    and content. gpt-oss included: its reply cannot go through a server's prefill (test above)."""
+    exe = _parse_exe()
+    assert exe is not None
+    family = E2E[name]
+    cases = sorted(CASES.items()) + ([("bare-json", ("", [("get_time", {"city": "Rome"})]))]
+                                     if family == "llama4" else [])
+    for case, (content, calls) in cases:
+        text = script(family, calls, content)
+        if case == "bare-json":
+            text = text.removeprefix("<|python_start|><|python_end|>")
+        if name in THINK_OPENS:
+            text = "I think.</think>" + text
+        ours = tool_reply(parser_family(family), TOOLS, _whole(text), lambda _: None)["choices"][0]["message"]
+        assert calls_of(ours) == calls, (case, text)
+        theirs = _servers_parse(exe, models[name], text, tmp_path)
+        if (name, case) in PARSE_REFUSES:
+            assert "does not match the expected" in theirs.get("error", ""), (case, theirs)
+            continue
+        assert "error" not in theirs, (case, text, theirs)
+        if name in THINK_OPENS:
+            assert (theirs.get("reasoning_content") or "").strip() == ours.get("reasoning_content") == "I think.", \
+                (case, theirs)
+        if (name, case) in PARSE_FIRST_CALL_ONLY:
+            assert calls_of(theirs) == calls[:1] and len(calls_of(ours)) > 1, (case, theirs)
+            continue
+        if (name, case) in PARSE_KEEPS_TEXT:
+            assert not calls_of(theirs) and theirs.get("content") == text, (case, theirs)
+            continue
+        assert calls_of(theirs) == calls, (case, text, theirs)
+        assert ((theirs.get("content") or "").replace("<|python_tag|>", "").strip()
+                == (ours.get("content") or "").strip()), (case, theirs)
+    if family == "gpt-oss":  # a call after a final message: the server drops it (the final message ends the turn)
+        text = ("<|channel|>final<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary to=functions.get_time"
+                ' <|constrain|>json<|message|>{"city": "Lima"}<|call|>')
+        ours = tool_reply(parser_family(family), TOOLS, _whole(text), lambda _: None)["choices"][0]["message"]
+        theirs = _servers_parse(exe, models[name], text, tmp_path)
+        assert calls_of(ours) == [("get_time", {"city": "Lima"})] and ours["content"] == "Checking.", ours
+        assert not calls_of(theirs) and theirs.get("content") == "Checking.", theirs
 
 
 def test_markers_that_are_special_tokens_reach_the_parser(models: dict[str, Path]) -> None:

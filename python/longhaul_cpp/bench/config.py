@@ -62,9 +62,28 @@ def parse_fractions(text: str) -> tuple[float, ...]:
                              "machines or with each other; the cap scenario sizes its budget under the cap. To "
                              "bench the budget auto picks here, see it with `longhaul-cpp info MODEL "
                              "--longhaul-cache auto` and give its fraction of the routed experts")
-        num, _, den = part.partition("/")
-        v = float(num) / float(den) if den else float(num)
-        if not 0 < v <= 1:
-            raise ValueError(f"budget fraction '{part}' must be in (0, 1], e.g. 1/16,1/4,1")
-        out.append(v)
+        out.append(parse_fraction(part, "--budgets", "of the routed experts, e.g. 1/16,1/4,1"))
     return tuple(out)
+
+
+def is_number(text: str) -> bool:
+    """Whether `text` reads as a fraction ("1/4") or a number ("0.25")."""
+    num, _, den = text.strip().partition("/")
+    try:
+        float(num), float(den or 1)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_fraction(text: str, option: str, of: str) -> float:
+    """One fraction in (0, 1], "1/4" or "0.25"; `option` and `of` (what it is a fraction of, with an example) name
+    it in the error."""
+    num, _, den = text.strip().partition("/")
+    try:
+        v = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        v = float("nan")
+    if not 0 < v <= 1:
+        raise ValueError(f"{option} '{text}': a fraction must be in (0, 1], {of}")
+    return v

@@ -41,8 +41,8 @@ from ..params import LoadMode, LonghaulFlag
 from ..models.routers import router_of
 from ..plan.policies import POLICIES
 from ..plan.predict import replay
-from ..plan.record import PhaseRun, RecordedRun, record_routing
-from .config import BenchConfig, BenchError
+from ..plan.record import RecordedRun, routing_run
+from .config import BenchConfig, BenchError, is_number, parse_fraction
 from .process import MemoryCap, run_process
 
 # (name, the switch a user gives, its flags)
@@ -63,6 +63,8 @@ class TradeRun:
     prompt_bytes: int      # expert bytes read (misses and prefetch) by the timed prompt
     gen_bytes: int         # and by the timed generated tokens
     gen_misses: int
+    gen_wait_s: float      # of gen_s, the graph waited at the synchronizations (reads not hidden, planning)
+    gen_read_s: float      # the generated tokens' expert reads took (some of it hidden behind compute)
     gen_prefetched: int
     gen_prefetch_used: int
     slots_min: int
@@ -100,25 +102,10 @@ def run_config(path: str, prompt: Sequence[int], feed: Sequence[int], budget: in
         a, p, g = s0.total, s1.total, s2.total
         return TradeRun(budget=b, flags=int(model.longhaul_flags), prompt_s=t1 - t0, gen_s=t2 - t1,
                         prompt_bytes=p.bytes_read - a.bytes_read, gen_bytes=g.bytes_read - p.bytes_read,
-                        gen_misses=g.n_misses - p.n_misses, gen_prefetched=g.bytes_prefetched - p.bytes_prefetched,
+                        gen_misses=g.n_misses - p.n_misses, gen_wait_s=g.t_wait_s - p.t_wait_s,
+                        gen_read_s=g.t_read_s - p.t_read_s, gen_prefetched=g.bytes_prefetched - p.bytes_prefetched,
                         gen_prefetch_used=g.bytes_prefetch_used - p.bytes_prefetch_used,
                         slots_min=min(slots, default=0), slots_max=max(slots, default=0))
-
-
-def record_trace(path: Path, info: ModelInfo, prompt: Sequence[int], feed: Sequence[int], ubatch: int,
-                 n_threads: int) -> RecordedRun:
-    """The routing of the prompt and the fed tokens on a normal load, as a recorded run to replay (no timings)."""
-    toks = np.ascontiguousarray(prompt, dtype=np.int32)
-    routing = record_routing(path, toks, [int(t) for t in feed], n_ubatch=ubatch, n_ctx=len(toks) + len(feed) + 8,
-                             n_batch=2048, n_threads=n_threads, n_threads_batch=n_threads)
-    calls = [min(2048, len(toks) - i) for i in range(0, len(toks), 2048)] + [1] * len(feed)
-    outputs = [0] * (len(calls) - len(feed)) + [1] * len(feed)
-    if len(toks):
-        outputs[len(calls) - len(feed) - 1] = 1
-    none = PhaseRun(0, 0.0, 0.0, 0.0, 0, 0)
-    return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=len(feed), budget=0,
-                       n_ubatch=512, prompt=none, gen=none, misses={}, flags=int(LonghaulFlag.NO_ONLINE_SPLIT),
-                       n_ubatch_eff=ubatch)
 
 
 def belady_gen_bytes(trace: RecordedRun, info: ModelInfo, budget: int) -> int:
@@ -131,15 +118,10 @@ def belady_gen_bytes(trace: RecordedRun, info: ModelInfo, budget: int) -> int:
 
 def cap_limit(text: str, file_bytes: int) -> int:
     """A --trade-caps entry in bytes: a fraction of the model file ("1/2", "0.25") or a size ("6GiB")."""
-    num, _, den = text.partition("/")
-    try:
-        v = float(num) / float(den) if den else float(num)
-    except ValueError:
+    if not is_number(text):
         return parse_cache_size(text)
-    if not 0 < v <= 1:
-        raise ValueError(f"--trade-caps '{text}': a fraction of the model file must be in (0, 1]; give a size such as "
-                         "6GiB for an absolute cap")
-    return int(v * file_bytes)
+    return int(parse_fraction(text, "--trade-caps", "of the model file (or a size such as 6GiB for an absolute cap)")
+               * file_bytes)
 
 
 def trade_rows(cfg: BenchConfig, info: ModelInfo) -> list[tuple[str, int | str, int | None]]:
@@ -203,7 +185,7 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
                 bb = runs["default"][0].budget if runs["default"] else done[0].budget
                 ub = info.effective_ubatch(bb, 512)
                 if ub not in traces:
-                    traces[ub] = record_trace(model, info, prompt, feed, ub, cfg.threads)
+                    traces[ub] = routing_run(model, prompt, feed, n_ubatch=ub, n_threads=cfg.threads)
                 belady = belady_gen_bytes(traces[ub], info, bb) / max(1, len(feed))
             for name, switch, _ in CONFIGS:
                 rs = runs[name]
@@ -216,6 +198,10 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
                                prompt_tps=statistics.median([len(prompt) / r.prompt_s for r in rs if r.prompt_s > 0]
                                                             or [0]) or None,
                                gen_bytes_per_token=statistics.median([r.gen_bytes / max(1, len(feed)) for r in rs]),
+                               # where a generated token's time goes: waiting at the syncs, and the rest (compute)
+                               gen_ms_per_token=statistics.median([1e3 * r.gen_s / max(1, len(feed)) for r in rs]),
+                               gen_wait_ms_per_token=statistics.median([1e3 * r.gen_wait_s / max(1, len(feed))
+                                                                        for r in rs]),
                                gen_prefetch_recall=_recall(rs[0], info),
                                slots_min=rs[0].slots_min, slots_max=rs[0].slots_max)
                 out.append(row)
@@ -238,17 +224,18 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     out = ["## The trade: each switch's tokens/s and expert bytes per generated token", "",
            "Each configuration in its own process, warmed up, then timed once per repetition (alternating order). "
            "x lru-even: median generation t/s over the LRU-even split's (the default before the online split). "
-           "Belady: the optimum's bytes at the default's budget split evenly, replayed.", "",
-           "| routing | row | config | switch | budget GiB | slots/layer | gen t/s | x lru-even | MiB/gen token "
-           "| vs Belady | prefetch recall |",
-           "|---|---|---|---|---:|---|---|---:|---:|---:|---:|"]
+           "Belady: the optimum's bytes at the default's budget split evenly, replayed. wait: of a generated token's "
+           "time (median), what the graph waited at the synchronizations for reads; the rest is compute.", "",
+           "| routing | row | config | switch | budget GiB | slots/layer | gen t/s | x lru-even | ms/gen token "
+           "(wait) | MiB/gen token | vs Belady | prefetch recall |",
+           "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
     key = lambda r: (r["routing"], r["row"])  # noqa: E731
     base = {key(r): r.get("gen_tps") for r in rows if r["config"] == "lru-even"}
     bound = {key(r): r.get("gen_bytes_per_token") for r in rows if r["config"] == "belady"}
     for r in rows:
         cells = [r["routing"], r["row"], r["config"], f"`{r['switch']}`"]
         if r.get("error"):
-            out.append("| " + " | ".join(cells + [f"failed: {r['error'][:80]}"] + [""] * 6) + " |")
+            out.append("| " + " | ".join(cells + [f"failed: {r['error'][:80]}"] + [""] * 7) + " |")
             continue
         t, bt, mib, b = r.get("gen_tps"), base.get(key(r)), r.get("gen_bytes_per_token"), bound.get(key(r))
         recall = r.get("gen_prefetch_recall")
@@ -256,6 +243,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                   f"{r['slots_min']}-{r['slots_max']}" if "slots_min" in r else "-",
                   ", ".join(f"{x:.2f}" for x in r.get("gen_tps_runs", [])) or "-",
                   f"{t / bt:.2f}x" if t and bt else "-",
+                  f"{r['gen_ms_per_token']:.1f} ({r['gen_wait_ms_per_token']:.1f})" if "gen_ms_per_token" in r else "-",
                   f"{mib / MIB:.2f}" if mib is not None else "-",
                   f"{mib / b:.2f}x" if mib is not None and b else "-",
                   f"{recall:.0%}" if recall is not None else "-"]

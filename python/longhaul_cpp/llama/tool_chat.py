@@ -70,8 +70,8 @@ def tool_reply(family: str, tools: Sequence[Mapping[str, Any]], out: Chunk, logp
     """The chat completion of a whole completion `out`: its text parsed for `family`'s tool calls."""
     ch = out["choices"][0]
     parsed = _parse(family, ch["text"], tools)
-    if not parsed.tool_calls and parsed.reasoning is None:
-        parsed = ParsedMessage(ch["text"], [])  # plain text: as it came
+    if not parsed.tool_calls and parsed.reasoning is None and not _harmony(family, ch["text"]):
+        parsed = ParsedMessage(ch["text"], [])  # plain text: as it came (gpt-oss: its final message's text)
     return {"id": "chat" + out["id"], "object": "chat.completion", "created": out["created"], "model": out["model"],
             "choices": [{"index": 0, "message": _message(parsed, "call_" + out["id"]),
                          "logprobs": logprobs(ch["logprobs"]),
@@ -115,18 +115,30 @@ def tool_chunks(family: str, tools: Sequence[Mapping[str, Any]], chunks: Iterato
             yield delta({"reasoning_content": parsed.reasoning})
             if parsed.content:
                 yield delta({"content": parsed.content})
+        elif _harmony(family, text):  # gpt-oss without a call: the final message's text, not the markup
+            yield from _rest_of_content(parsed, text[:sent], delta)
         elif len(text) > sent:
             yield delta({"content": text[sent:]})
         yield delta({}, finish)
         return
-    done = text[:sent].lstrip()
     if parsed.reasoning is not None and sent == 0:
         yield delta({"reasoning_content": parsed.reasoning})
-    if parsed.content and parsed.content.startswith(done) and len(parsed.content) > len(done):
-        yield delta({"content": parsed.content[len(done):]})
+    yield from _rest_of_content(parsed, text[:sent], delta)
     for i, call in enumerate(openai_tool_calls(parsed.tool_calls, cid)):
         yield delta({"tool_calls": [{"index": i} | call]})
     yield delta({}, "tool_calls")
+
+
+def _rest_of_content(parsed: ParsedMessage, sent: str, delta: Callable[[dict[str, Any]], Chunk]) -> Iterator[Chunk]:
+    """The parsed content past what streaming already sent."""
+    done = sent.lstrip()
+    if parsed.content and parsed.content.startswith(done) and len(parsed.content) > len(done):
+        yield delta({"content": parsed.content[len(done):]})
+
+
+def _harmony(family: str, text: str) -> bool:
+    """Whether `text` is gpt-oss's harmony markup (whose content is the final message's text, not the markup)."""
+    return family == "gpt-oss" and "<|message|>" in text
 
 
 def _started(family: str, rest: str) -> bool:

@@ -116,6 +116,32 @@ def record_routing(path: str | Path, prompt: np.ndarray, tokens: Sequence[int], 
     return recorder.routing()
 
 
+def decode_calls(n_prompt: int, n_gen: int, n_batch: int) -> tuple[list[int], list[int]]:
+    """The tokens of each llama_decode of a run (the prompt in n_batch chunks, then one per generated token) and of
+    those the tokens whose logits are wanted (the prompt's last token, as Context.decode asks, and each generated
+    one): RecordedRun's calls and outputs."""
+    calls = [min(n_batch, n_prompt - i) for i in range(0, n_prompt, n_batch)] + [1] * n_gen
+    outputs = [0] * (len(calls) - n_gen) + [1] * n_gen
+    if n_prompt:
+        outputs[len(calls) - n_gen - 1] = 1
+    return calls, outputs
+
+
+def routing_run(path: str | Path, prompt: Sequence[int] | np.ndarray, feed: Sequence[int], *, n_ubatch: int,
+                n_threads: int, n_batch: int = 2048) -> RecordedRun:
+    """The routing of `prompt`, then the `feed` tokens one at a time, on a normal load, as a run to replay with no
+    timings or misses of its own (Belady's bytes of a token stream, say). n_ubatch: the longhaul context's
+    effective ubatch, which the replay runs."""
+    toks = np.ascontiguousarray(prompt, dtype=np.int32)
+    routing = record_routing(path, toks, [int(t) for t in feed], n_ubatch=n_ubatch, n_ctx=len(toks) + len(feed) + 8,
+                             n_batch=n_batch, n_threads=n_threads, n_threads_batch=n_threads)
+    calls, outputs = decode_calls(len(toks), len(feed), n_batch)
+    none = PhaseRun(0, 0.0, 0.0, 0.0, 0, 0)
+    return RecordedRun(routing=routing, calls=calls, outputs=outputs, n_prompt=len(toks), n_gen=len(feed), budget=0,
+                       n_ubatch=n_ubatch, prompt=none, gen=none, misses={}, flags=int(LonghaulFlag.NO_ONLINE_SPLIT),
+                       n_ubatch_eff=n_ubatch)
+
+
 def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int, *, budget: int | str, n_threads: int,
                n_batch: int = 2048, n_ubatch: int = 512, max_ids: int = DEFAULT_MAX_IDS,
                random_gen: bool = False, timed: int = 2, flags: int = 0, feed: Sequence[int] | None = None,
@@ -144,10 +170,7 @@ def record_run(path: str | Path, prompt: Sequence[int] | np.ndarray, n_gen: int,
     if feed is not None and len(feed) < n_gen:
         raise ValueError(f"feed has {len(feed)} tokens for {n_gen} generated ones")
     n_ctx = len(toks) + n_gen + 8
-    calls = [min(n_batch, len(toks) - i) for i in range(0, len(toks), n_batch)] + [1] * n_gen
-    outputs = [0] * (len(calls) - n_gen) + [1] * n_gen
-    if len(toks):
-        outputs[len(calls) - n_gen - 1] = 1  # Context.decode wants the last token's logits
+    calls, outputs = decode_calls(len(toks), n_gen, n_batch)
     prompt_run: PhaseRun | None = None
     gen_run: PhaseRun | None = None
     hits: list[float | None] = []
