@@ -15,7 +15,11 @@ if [ "${1:-}" = "--long" ]; then
     shift
 fi
 
-bash ci/setup.sh "$set_name"
+# LONGHAUL_CI_EARLY_BUILDS=1 (.ci/run sets it for the first run): that run also starts the long forms' four builds
+# (below), so it needs their tools too
+setup_set=$set_name
+[ "${LONGHAUL_CI_EARLY_BUILDS:-0}" = 1 ] && setup_set=long
+bash ci/setup.sh "$setup_set"
 # ccache: paths below the checkout are hashed relative to it, so a fresh clone in
 # another folder (as CI makes) hits the cache of an earlier build
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
@@ -78,19 +82,48 @@ bg_build() {  # name script arguments...
     shift
     ( s=$(date +%s); nice -n 10 bash "ci/$1" "${@:2}" >"$bg/$name.log" 2>&1; echo "$? $(( $(date +%s) - s ))" >"$bg/$name.rc" ) &
 }
-if [ "$set_name" = long ]; then
-    command -v x86_64-w64-mingw32-g++-posix >/dev/null && bg_build mingw mingw-build.sh "$PWD/build/mingw"
-    command -v glslc >/dev/null && bg_build vulkan vulkan-build.sh "$PWD/build/vulkan"
+# With LONGHAUL_CI_EARLY_BUILDS=1 (CI's first run, the README's command) the same four builds start here, detached
+# and at the lowest priority: they compile on what the tests leave of the two cores, and the run does not wait for
+# them; the long forms' run, next, calls each script again, which waits for its build (the folder's lock) and has
+# little left to do. Their logs and times: build/ci-early/.
+early=$PWD/build/ci-early
+early_build() {  # name script arguments...
+    local name=$1
+    shift
+    mkdir -p "$early"
+    ( s=$(date +%s); nice -n 19 bash "ci/$1" "${@:2}" >"$early/$name.log" 2>&1 </dev/null
+      echo "$? $(( $(date +%s) - s ))" >"$early/$name.rc" ) </dev/null >/dev/null 2>&1 &
+    disown $! 2>/dev/null || true  # not a child the run's end waits for
+}
+start_long_builds() {  # with the function that starts each one
+    local start_one=$1
+    command -v x86_64-w64-mingw32-g++-posix >/dev/null && $start_one mingw mingw-build.sh "$PWD/build/mingw"
+    # (after the wheel: its objects are this build's CPU backend, libllama and common, ccache hits)
+    command -v glslc >/dev/null && $start_one vulkan vulkan-build.sh "$PWD/build/vulkan"
     # the sanitized tree (ASan + UBSan, with the fuzzer): tests/test_sanitizers.py runs its short forms
-    command -v clang >/dev/null && PYTHON="$venv/bin/python" bg_build asan sanitize.sh asan --short --build-only
+    command -v clang >/dev/null && $start_one asan sanitize.sh asan --short --build-only
     # macOS arm64 with zig (its own venv, ci/zig-python.sh): tests/test_macos_cross.py checks the result
-    command -v llvm-otool-14 >/dev/null && bg_build macos macos-cross.sh arm64 "$PWD/build/macos-arm64"
+    command -v llvm-otool-14 >/dev/null && $start_one macos macos-cross.sh arm64 "$PWD/build/macos-arm64"
+    return 0
+}
+if [ "$set_name" = long ]; then
+    start_long_builds bg_build
+elif [ "${LONGHAUL_CI_EARLY_BUILDS:-0}" = 1 ]; then
+    rm -rf "$early"
+    start_long_builds early_build
+    echo "ci/test.sh: started the long forms' builds early (logs: $early)"
 fi
 report_bg() {
     wait
     for f in "$bg"/*.rc; do
         [ -e "$f" ] && echo "ci/test.sh: background build $(basename "$f" .rc): exit $(cut -d' ' -f1 "$f") in $(cut -d' ' -f2 "$f") s"
     done
+    if [ "$set_name" = long ]; then  # the same builds started early by CI's first run, if it did: they ended first
+        for f in "$early"/*.rc; do
+            [ -e "$f" ] && echo "ci/test.sh: early build $(basename "$f" .rc) (started by the first run): exit $(cut -d' ' -f1 "$f") in $(cut -d' ' -f2 "$f") s"
+        done
+        rm -f "$early"/*.rc  # reported once (the logs stay)
+    fi
     echo "ci/test.sh: disk: $(du -sh "$tmp" | cut -f1) in the run's temporary folder (removed), $(du -sh build | cut -f1) in build/"
     [ "${LONGHAUL_KEEP_TMP:-0}" = 1 ] || rm -rf "$tmp"
     return 0

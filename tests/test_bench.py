@@ -365,6 +365,8 @@ def test_bench_trade_scenario(make_model, tmp_path) -> None:
         assert all(x["gen_bytes_per_token"] >= 0 for x in lib) and bound["gen_bytes_per_token"] is not None
         # the time split: the wait at the syncs is part of a generated token's time
         assert all(0 <= x["gen_wait_ms_per_token"] <= x["gen_ms_per_token"] for x in lib)
+        # and the reads' own time, shown beside it
+        assert all(x["gen_read_ms_per_token"] >= 0 for x in lib)
         # Belady's optimum never reads more than LRU at the same (even) split; the prefetch only adds bytes
         assert bound["gen_bytes_per_token"] <= even["gen_bytes_per_token"]
     md = (out / "results.md").read_text()

@@ -13,7 +13,7 @@ import pytest
 from conftest import needs_cap
 from longhaul_cpp import LlamaError, LoadMode, Model, SyntheticSpec, fit_longhaul_cache
 from longhaul_cpp.bench import MemoryCap, run_process
-from longhaul_cpp.plan.recommend import policy_hint
+from longhaul_cpp.longhaul import policy_hint
 from longhaul_cpp.tools import tool_path
 
 MIB = 2**20
@@ -323,7 +323,7 @@ def test_python_and_the_tools_choose_alike(make_model, tmp_path, monkeypatch) ->
     size = lambda i: float(m.group(i)) * _UNIT[m.group(i + 1)]  # noqa: E731
     budget, avail = size(1), int(size(4))
     assert BIG.budget_for(1) <= budget < BIG.budget_for(BIG.n_expert)
-    # experts left out: the log says which replacement to try, in the words `longhaul-cpp info` prints
+    # experts left out: the log says which replacement to try, the library's line `longhaul-cpp info` prints too
     assert policy_hint(int(m.group(3)), BIG.n_expert) in log, log[m.end():m.end() + 1500]
     real = fit_mod._measure
 

@@ -280,6 +280,7 @@ struct llama_longhaul_stats {
 int32_t llama_model_longhaul_n_layers(const struct llama_model * model);
 uint32_t llama_model_longhaul_flags(const struct llama_model * model);
 int32_t llama_longhaul_io_threads_default(void);
+int32_t llama_longhaul_policy_hint(int32_t n_slots, int32_t n_expert, char * buf, size_t buf_size);
 bool llama_model_longhaul_stats(const struct llama_model * model, int32_t i, struct llama_longhaul_stats * stats, size_t stats_size);
 void llama_model_longhaul_stats_reset(struct llama_model * model);
 int32_t llama_model_longhaul_error(const struct llama_model * model, char * buf, size_t buf_size);

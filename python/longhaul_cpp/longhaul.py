@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._lib import lib
+from ._lib import ffi, lib
 
 @contextlib.contextmanager
 def plain_expert_banks() -> Iterator[None]:
@@ -42,6 +42,16 @@ KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40  # the package's unit constants 
 _MAX_BYTES = 2**63  # the library takes the budget as a uint64_t; above 2^63 the tools' GiB overflow
 _UNITS = {"": GIB, "b": 1, "k": 1e3, "kb": 1e3, "kib": KIB, "m": 1e6, "mb": 1e6, "mib": MIB,
           "g": 1e9, "gb": 1e9, "gib": GIB, "t": 1e12, "tb": 1e12, "tib": TIB}
+
+
+def policy_hint(n_slots: int, n_expert: int) -> str:
+    """Which replacement to try when a budget caches `n_slots` of each layer's `n_expert` routed experts, with what
+    each read in the project's replays: the library's line (llama_longhaul_policy_hint), the one the tools log at
+    `--longhaul-cache auto`."""
+    n = int(lib().llama_longhaul_policy_hint(n_slots, n_expert, ffi.NULL, 0))
+    buf = ffi.new("char[]", n + 1)
+    lib().llama_longhaul_policy_hint(n_slots, n_expert, buf, n + 1)
+    return ffi.string(buf).decode("utf-8", "replace")
 
 
 def parse_cache_size(value: float | int | str) -> int:

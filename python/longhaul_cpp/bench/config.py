@@ -66,24 +66,22 @@ def parse_fractions(text: str) -> tuple[float, ...]:
     return tuple(out)
 
 
-def is_number(text: str) -> bool:
-    """Whether `text` reads as a fraction ("1/4") or a number ("0.25")."""
+def fraction_value(text: str) -> float | None:
+    """The value of a fraction ("1/4") or a number ("0.25"); None when `text` is neither (a size such as "6GiB");
+    NaN for a zero denominator."""
     num, _, den = text.strip().partition("/")
     try:
-        float(num), float(den or 1)
+        return float(num) / float(den) if den else float(num)
+    except ZeroDivisionError:
+        return float("nan")
     except ValueError:
-        return False
-    return True
+        return None
 
 
-def parse_fraction(text: str, option: str, of: str) -> float:
-    """One fraction in (0, 1], "1/4" or "0.25"; `option` and `of` (what it is a fraction of, with an example) name
-    it in the error."""
-    num, _, den = text.strip().partition("/")
-    try:
-        v = float(num) / float(den) if den else float(num)
-    except (ValueError, ZeroDivisionError):
-        v = float("nan")
-    if not 0 < v <= 1:
+def parse_fraction(text: str, option: str, of: str, value: float | None = None) -> float:
+    """One fraction in (0, 1], "1/4" or "0.25" (`value`: its fraction_value when the caller read it already);
+    `option` and `of` (what it is a fraction of, with an example) name it in the error."""
+    v = fraction_value(text) if value is None else value
+    if v is None or not 0 < v <= 1:
         raise ValueError(f"{option} '{text}': a fraction must be in (0, 1], {of}")
     return v

@@ -42,7 +42,7 @@ from ..models.routers import router_of
 from ..plan.policies import POLICIES
 from ..plan.predict import replay
 from ..plan.record import RecordedRun, routing_run
-from .config import BenchConfig, BenchError, is_number, parse_fraction
+from .config import BenchConfig, BenchError, fraction_value, parse_fraction
 from .process import MemoryCap, run_process
 
 # (name, the switch a user gives, its flags)
@@ -118,10 +118,11 @@ def belady_gen_bytes(trace: RecordedRun, info: ModelInfo, budget: int) -> int:
 
 def cap_limit(text: str, file_bytes: int) -> int:
     """A --trade-caps entry in bytes: a fraction of the model file ("1/2", "0.25") or a size ("6GiB")."""
-    if not is_number(text):
+    v = fraction_value(text)
+    if v is None:
         return parse_cache_size(text)
-    return int(parse_fraction(text, "--trade-caps", "of the model file (or a size such as 6GiB for an absolute cap)")
-               * file_bytes)
+    return int(parse_fraction(text, "--trade-caps", "of the model file (or a size such as 6GiB for an absolute cap)",
+                              value=v) * file_bytes)
 
 
 def trade_rows(cfg: BenchConfig, info: ModelInfo) -> list[tuple[str, int | str, int | None]]:
@@ -202,6 +203,9 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
                                gen_ms_per_token=statistics.median([1e3 * r.gen_s / max(1, len(feed)) for r in rs]),
                                gen_wait_ms_per_token=statistics.median([1e3 * r.gen_wait_s / max(1, len(feed))
                                                                         for r in rs]),
+                               # and the time its expert reads took, hidden behind compute or waited for
+                               gen_read_ms_per_token=statistics.median([1e3 * r.gen_read_s / max(1, len(feed))
+                                                                        for r in rs]),
                                gen_prefetch_recall=_recall(rs[0], info),
                                slots_min=rs[0].slots_min, slots_max=rs[0].slots_max)
                 out.append(row)
@@ -225,9 +229,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
            "Each configuration in its own process, warmed up, then timed once per repetition (alternating order). "
            "x lru-even: median generation t/s over the LRU-even split's (the default before the online split). "
            "Belady: the optimum's bytes at the default's budget split evenly, replayed. wait: of a generated token's "
-           "time (median), what the graph waited at the synchronizations for reads; the rest is compute.", "",
+           "time (median), what the graph waited at the synchronizations for reads; the rest is compute. read: the time "
+           "the token's expert reads took on the I/O threads; read above wait is the reading hidden behind compute.", "",
            "| routing | row | config | switch | budget GiB | slots/layer | gen t/s | x lru-even | ms/gen token "
-           "(wait) | MiB/gen token | vs Belady | prefetch recall |",
+           "(wait, read) | MiB/gen token | vs Belady | prefetch recall |",
            "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
     key = lambda r: (r["routing"], r["row"])  # noqa: E731
     base = {key(r): r.get("gen_tps") for r in rows if r["config"] == "lru-even"}
@@ -243,7 +248,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                   f"{r['slots_min']}-{r['slots_max']}" if "slots_min" in r else "-",
                   ", ".join(f"{x:.2f}" for x in r.get("gen_tps_runs", [])) or "-",
                   f"{t / bt:.2f}x" if t and bt else "-",
-                  f"{r['gen_ms_per_token']:.1f} ({r['gen_wait_ms_per_token']:.1f})" if "gen_ms_per_token" in r else "-",
+                  (f"{r['gen_ms_per_token']:.1f} ({r['gen_wait_ms_per_token']:.1f}, {r['gen_read_ms_per_token']:.1f})"
+                   if "gen_read_ms_per_token" in r else "-"),
                   f"{mib / MIB:.2f}" if mib is not None else "-",
                   f"{mib / b:.2f}x" if mib is not None and b else "-",
                   f"{recall:.0%}" if recall is not None else "-"]

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..fit import fit_longhaul_cache
-from ..longhaul import GIB, MIB, is_auto_budget, parse_cache_size, size_arg
+from ..longhaul import GIB, MIB, is_auto_budget, parse_cache_size, policy_hint, size_arg
 from ..modelinfo import inspect_model
-from ..plan.recommend import policy_hint
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

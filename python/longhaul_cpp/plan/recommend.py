@@ -102,17 +102,6 @@ def recommend(run: RecordedRun, info: ModelInfo, budget: int, bandwidth: float, 
     return rec
 
 
-def policy_hint(n_slots: int, n_expert: int) -> str:
-    """Which replacement to try when a budget leaves experts out, with what it saved in the project's replays
-    (docs/routing-policies.md): the line the tools log at `--longhaul-cache auto` (common_longhaul_policy_hint, the
-    same words) and `longhaul-cpp info` prints."""
-    return (f"longhaul: {n_slots} of {n_expert} experts per layer fit, so the replacement decides what is read: LRU "
-            "(the default) is best where routing follows the last tokens; --longhaul-policy adaptive (each layer LRU "
-            "or LFU, whichever missed less lately) read 0.71-1.04x LRU's expert bytes per generated token on every "
-            "routing we replayed, lfu 0.71-1.27x; `longhaul-cpp plan MODEL` measures them on your own prompts "
-            "(docs/routing-policies.md)")
-
-
 def table(rec: Recommendation) -> str:
     """The configurations as a table: bytes per token, their ratio to the default and to Belady, t/s."""
     unit = "generated" if rec.n_gen else "prompt"
