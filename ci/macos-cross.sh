@@ -50,7 +50,7 @@ fi
 # only, with the series' and upstream's tests; installed into $BUILD/pkg (lib/, bin/) as the wheel lays it out
 level=()
 [ "$arch" = x86_64 ] && level=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
-if ! cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
+if ! cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" "${launcher[@]}" -DCMAKE_PROJECT_INCLUDE="$ROOT/ci/unity.cmake" \
         -DCMAKE_TOOLCHAIN_FILE="$ROOT/ci/macos-toolchain.cmake" -DLONGHAUL_MACOS_ARCH="$arch" \
         -DCMAKE_BUILD_TYPE=Release "${layout_args[@]}" "${level[@]}" \
         -DGGML_METAL=OFF -DGGML_BLAS=OFF -DGGML_ACCELERATE=OFF -DGGML_OPENMP=OFF \

@@ -24,7 +24,7 @@ if command -v ninja >/dev/null || "$PY" -c "import ninja" 2>/dev/null; then
     gen=(-G Ninja)
     command -v ninja >/dev/null || gen+=(-DCMAKE_MAKE_PROGRAM="$("$PY" -c 'import ninja, os; print(os.path.join(ninja.BIN_DIR, "ninja"))')")
 fi
-cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" \
+cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" -DCMAKE_PROJECT_INCLUDE="$ROOT/ci/unity.cmake" \
     -DCMAKE_TOOLCHAIN_FILE="$ROOT/ci/mingw-toolchain.cmake" \
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
     -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_BUILD_TESTS=ON \

@@ -72,7 +72,7 @@ build() {
     esac
     local rt
     rt=$(dirname "$(clang -print-file-name=libclang_rt.asan-x86_64.so)")
-    CC=clang CXX=clang++ cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" "${level[@]}" \
+    CC=clang CXX=clang++ cmake -S "$ROOT/vendor/llama.cpp" -B "$BUILD" "${gen[@]}" "${launcher[@]}" "${level[@]}" -DCMAKE_PROJECT_INCLUDE="$ROOT/ci/unity.cmake" \
         -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS_RELEASE="$flags" -DCMAKE_CXX_FLAGS_RELEASE="$flags" \
         -DCMAKE_EXE_LINKER_FLAGS="$libsan -Wl,-rpath,$rt" -DCMAKE_SHARED_LINKER_FLAGS="$libsan -Wl,-rpath,$rt" \
         -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_OPENMP=OFF -DGGML_CCACHE=OFF \

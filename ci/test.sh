@@ -98,7 +98,7 @@ early_build() {  # name script arguments...
 start_long_builds() {  # with the function that starts each one
     local start_one=$1
     command -v x86_64-w64-mingw32-g++-posix >/dev/null && $start_one mingw mingw-build.sh "$PWD/build/mingw"
-    # (after the wheel: its ggml and CPU backend objects are this build's, ccache hits; ci/vulkan-build.sh)
+    # (after the wheel: its CPU backend objects are this build's, ccache hits; ci/vulkan-build.sh)
     command -v glslc >/dev/null && $start_one vulkan vulkan-build.sh "$PWD/build/vulkan"
     # the sanitized tree (ASan + UBSan, with the fuzzer): tests/test_sanitizers.py runs its short forms
     command -v clang >/dev/null && $start_one asan sanitize.sh asan --short --build-only

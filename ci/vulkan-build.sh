@@ -3,9 +3,9 @@
 # CMakeLists.txt as the wheel (what `pip install . -C cmake.define.GGML_VULKAN=ON` builds): the libraries
 # and llama-completion, in build/vulkan (ccache: later builds take about a minute). Its tests run on
 # Mesa's lavapipe, a Vulkan device that computes on the CPU (tests/test_vulkan.py, docs/portability.md).
-# LONGHAUL_LEVEL_ARGS (ci/test.sh sets it): the suite's kernel level, so most of ggml and its CPU backend are the
-# objects of the wheel's build (ccache hits); libllama, common and the tools are not (their compile lines carry
-# -DGGML_USE_VULKAN): a cold cache compiles them again. One build at a time per folder: a second call waits.
+# LONGHAUL_LEVEL_ARGS (ci/test.sh sets it): the suite's kernel level, so ggml's CPU backend objects are the wheel's
+# build's (ccache hits). The rest is a unity build (ci/unity.cmake), compiled here: libllama, common and the tools
+# also carry -DGGML_USE_VULKAN. One build at a time per folder: a second call waits.
 # Needs libvulkan-dev, glslc and spirv-headers to build, mesa-vulkan-drivers to run (ci/setup.sh).
 # Usage: ci/vulkan-build.sh [BUILD_DIR]
 set -euo pipefail
@@ -25,7 +25,7 @@ exec 9>"$BUILD.lock"
 flock 9
 start=$(date +%s)
 # shellcheck disable=SC2086
-cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" -DGGML_VULKAN=ON \
+cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_PROJECT_INCLUDE="$ROOT/ci/unity.cmake" -DPython3_EXECUTABLE="$(command -v "$PY")" -DGGML_VULKAN=ON \
     ${LONGHAUL_LEVEL_ARGS:-} >/dev/null
 cmake --build "$BUILD" -j "${JOBS:-2}" --target llama llama-completion ggml-vulkan
 echo "ci/vulkan-build.sh: built $BUILD/bin in $(( $(date +%s) - start )) s"

@@ -48,6 +48,12 @@ def test_patched_tree_and_tools_build_for_windows(tmp_path) -> None:
                 "test-longhaul", "test-cpu-moe-ops"):
         assert (build / "bin" / f"{exe}.exe").is_file(), exe
     assert (build / "src" / "libllama.a").is_file()  # the tools link libllama statically here
+    # a unity build of upstream's files (ci/unity.cmake), the series' own compiled one by one as in the wheel
+    ninja = (build / "build.ninja").read_text()
+    assert "/Unity/unity_" in ninja and "llama-common.dir/Unity/" in ninja
+    for own in ("src/CMakeFiles/llama.dir/llama-longhaul.cpp.obj", "src/CMakeFiles/llama.dir/llama-longhaul-sync.cpp.obj",
+                "common/CMakeFiles/llama-common.dir/longhaul.cpp.obj"):
+        assert f"build {own}:" in ninja, own
 
 
 WINE = shutil.which("wine") or shutil.which("wine64")
