@@ -14,7 +14,11 @@ include_guard(GLOBAL)
 if ("$ENV{LONGHAUL_CI_UNITY}" STREQUAL "0")
     return()
 endif()
-cmake_minimum_required(VERSION 3.19)  # cmake_language(DEFER)
+if (CMAKE_VERSION VERSION_LESS 3.19)  # cmake_language(DEFER); a check, not cmake_minimum_required: that would move
+    # the including project's policies
+    message(FATAL_ERROR "ci/unity.cmake needs CMake 3.19 or newer (found ${CMAKE_VERSION}): upgrade CMake, or configure "
+                        "with LONGHAUL_CI_UNITY=0 in the environment for a plain build")
+endif()
 
 set(CMAKE_UNITY_BUILD ON)
 set(CMAKE_UNITY_BUILD_BATCH_SIZE 16)
