@@ -63,13 +63,18 @@ def run(f, frac, params=OnlineParams(), rows=None):
     res["planned"] = sorted(planned.values())
     return res
 
+def _job(a):
+    f, frac = a
+    return f, frac, run(f, frac)
+
+
 if __name__ == "__main__":
+    from multiprocessing import Pool, cpu_count
     files = sorted(glob.glob(sys.argv[1] + "/*.npz"))
     out = {}
-    for f in files:
-        name = f.split("/")[-1][:-4]
-        for frac in (1/8, 1/4):
-            r = run(f, frac)
+    with Pool(cpu_count()) as pool:  # each case on its own; printed in order
+        for f, frac, r in pool.imap(_job, [(f, fr) for f in files for fr in (1/8, 1/4)]):
+            name = f.split("/")[-1][:-4]
             base = r["lru-even"] or 1
             pl = r["lru-planned"] or 1
             print(f"{name:32} {frac:.3f} even {base/2**20:9.1f} MiB | planned {r['lru-planned']/base:.3f} "

@@ -7,8 +7,10 @@ counts the plan hits it: a cache of more than `depth` slots holds it (LRU's incl
 those depths, aged so that old routing fades, is the layer's miss curve at every slot count, what the offline
 planner (plan.split) gets from replaying a whole recorded run. Every `period` decode calls the split is planned
 again from the curves (policies.split_budget: within the budget, no layer under its floor) and applied when it
-reads at least `min_gain` less than the split in effect: a layer that gives up slots evicts its least recently
-used experts, a layer that gains some gets empty slots that its next misses fill.
+reads at least `min_gain` less than the split in effect, by more than the refills of the slots it moves and by more
+than `z` standard deviations of the hits at the depths that change hands (unless the layers that give slots up had
+no hits at those depths): a layer that gives up slots evicts its least recently used experts, a layer that gains
+some gets empty slots that its next misses fill.
 
 Slots move only between layers whose experts have the same size (in the library, the slots of such layers are one
 pool of memory), so each group of those keeps the bytes the even split gave it.
@@ -32,11 +34,12 @@ from .replay import CachePolicy, _ubatch_lru, ubatches
 @dataclasses.dataclass(frozen=True)
 class OnlineParams:
     period: int = 16          # decode calls between two plans of the split
-    half_life: int = 256      # decode calls over which a depth's weight in the curve halves
+    half_life: int = 512      # decode calls over which a depth's weight in the curve halves
     min_gain: float = 0.02    # a new split is applied when it reads this share less than the one in effect
     move_cost: float = 1.0    # and when it saves more misses than this many per slot it moves (each is refilled)
-    z: float = 2.0            # and when the saving exceeds z standard deviations of the counts (Poisson)
+    z: float = 2.0            # and when the saving exceeds z standard deviations of the counts it changes (Poisson)
     warmup: int = 128         # decode calls observed before the first plan
+    free_loss: float = 1.0    # unless the shrinking layers lose fewer hits than this: then only the refills are at stake
 
 
 class ShadowStack:
@@ -153,7 +156,13 @@ class OnlineSplit:
             now = sum(part[il][self.slots[il]] for il in layers)
             then = sum(part[il][target[il]] for il in layers)
             moved = sum(max(0, target[il] - self.slots[il]) for il in layers)
-            if then < (1 - p.min_gain) * now and now - then > max(p.move_cost * moved, p.z * math.sqrt(now + then)):
+            # the saving is the hits at the depths a growing layer gains less those a shrinking one gives up: a
+            # paired difference, whose noise is that of the counts at those depths alone
+            changed = sum(abs(part[il][self.slots[il]] - part[il][target[il]]) for il in layers)
+            # the hits the shrinking layers give up: below `free_loss`, nothing is at stake but the refills
+            lost = sum(part[il][target[il]] - part[il][self.slots[il]] for il in layers if target[il] < self.slots[il])
+            noise = 0.0 if lost < p.free_loss else p.z * math.sqrt(changed)
+            if then < (1 - p.min_gain) * now and now - then > max(p.move_cost * moved, noise):
                 new.update(target)
         if new == self.slots:
             return None
