@@ -39,7 +39,7 @@ class OnlineParams:
     move_cost: float = 1.0    # and when it saves more misses than this many per slot it moves (each is refilled)
     z: float = 2.0            # and when the saving exceeds z standard deviations of the counts it changes (Poisson)
     warmup: int = 128         # decode calls observed before the first plan
-    free_loss: float = 1.0    # unless the shrinking layers lose fewer hits than this: then only the refills are at stake
+    free_loss: float = 1.0    # unless the shrinking layers lose fewer hits than this (only the refills are at stake)
 
 
 class ShadowStack:
