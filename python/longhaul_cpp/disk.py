@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ._lib import lib
+from .gguf_header import read_header
 from .longhaul import MIB
 from .paths import shard_list
 
@@ -37,12 +38,10 @@ def drop_page_cache() -> None:
 
 def expert_slices(path: Path) -> tuple[list[tuple[Path, int]], int]:
     """(file, offset) of every routed expert slice of the first bank of each layer, and the slice size."""
-    import gguf
-
     out: list[tuple[Path, int]] = []
     size = 0
     for shard in shard_list(path):
-        r = gguf.GGUFReader(shard)
+        r = read_header(shard)
         for t in r.tensors:
             if t.name.endswith("_exps.weight") and ("gate" in t.name or "up" in t.name):
                 n_expert = int(t.shape[-1])

@@ -17,9 +17,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-import gguf
-
-from .gguf_extent import tensor_outside
+from .gguf_header import Header, read_header
 from .paths import shard_list
 
 _BANK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.(weight|bias)$")
@@ -122,20 +120,17 @@ class ModelInfo:
         return -(-self.n_expert_used // s) if s > 0 else 0
 
 
-def _reader(shard: Path):
-    """The shard's gguf reader; a truncated file names the tensor it cuts (the gguf package fails to reshape)."""
+def _reader(shard: Path) -> Header:
+    """The shard's header; a truncated file names the tensor it cuts."""
     try:
-        return gguf.GGUFReader(shard)
-    except Exception as e:  # noqa: BLE001 (diagnosed below, else re-raised)
-        try:
-            cut = tensor_outside(shard)
-        except EOFError:
-            raise ValueError(f"{shard}: the GGUF header is cut short: the file is truncated; download it again") from e
-        if cut is None:
-            raise
-        name, offset, nbytes, size = cut
-        raise ValueError(f"{shard}: tensor '{name}' lies outside the file (data at {offset} + {nbytes} bytes, the file "
-                         f"has {size}): the file is truncated; download it again") from e
+        h = read_header(shard)
+    except EOFError:
+        raise ValueError(f"{shard}: the GGUF header is cut short: the file is truncated; download it again") from None
+    cut = h.outside()
+    if cut is not None:
+        raise ValueError(f"{shard}: tensor '{cut.name}' lies outside the file (data at {cut.data_offset} + "
+                         f"{cut.n_bytes} bytes, the file has {h.file_size}): the file is truncated; download it again")
+    return h
 
 
 def inspect_model(path: str | Path) -> ModelInfo:
@@ -153,11 +148,10 @@ def inspect_model(path: str | Path) -> ModelInfo:
     for i, shard in enumerate(shards):
         r = _reader(shard)
         if i == 0:
-            arch = r.fields["general.architecture"].contents()
+            arch = str(r.get("general.architecture", ""))
 
             def get(key: str, default: int = 0) -> int:
-                f = r.fields.get(f"{arch}.{key}")
-                return int(f.contents()) if f is not None else default
+                return int(r.get(f"{arch}.{key}", default))
 
             # NextN / MTP blocks come after the trunk; upstream skips them (and their experts) by default
             n_layer = get("block_count") - get("nextn_predict_layers")
