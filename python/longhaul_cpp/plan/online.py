@@ -38,7 +38,7 @@ class OnlineParams:
     min_gain: float = 0.02    # a new split is applied when it reads this share less than the one in effect
     move_cost: float = 1.0    # and when it saves more misses than this many per slot it moves (each is refilled)
     z: float = 2.0            # and when the saving exceeds z standard deviations of the counts it changes (Poisson)
-    warmup: int = 128         # decode calls observed before the first plan
+    warmup: int = 256         # decode calls observed before the first plan
     free_loss: float = 1.0    # unless the shrinking layers lose fewer hits than this (only the refills are at stake)
 
 
