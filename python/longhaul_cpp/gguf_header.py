@@ -1,8 +1,8 @@
 """A GGUF file's header, read without its long arrays' contents or its weights: the scalar and string keys, short
-numeric arrays (per-layer values) in full, the length of the others, and where each tensor lies. The gguf package's reader builds an object per
-element of every array (a 129k-token vocabulary takes seconds); this reads a real header in a fraction of that.
-It also names the tensor a truncated file cuts, as the loader does, where the gguf package only fails to reshape
-an array."""
+numeric arrays (per-layer values) in full, the length of the others, and where each tensor lies. The gguf
+package's reader builds an object per element of every array (a 129k-token vocabulary takes seconds); this reads
+a real header in a fraction of that. It also names the tensor a truncated file cuts, as the loader does, where
+the gguf package only fails to reshape an array."""
 from __future__ import annotations
 
 import dataclasses
