@@ -622,6 +622,34 @@ def test_pipelined_waves_overlap_reads_and_change_nothing(make_model, arch, slot
     np.testing.assert_array_equal(logits, ref_logits)
 
 
+def test_pipelined_waves_plan_each_expert_once(make_model) -> None:
+    """A warm prompt in pipelined waves: its cached experts run first, in waves that read nothing. Every distinct
+    expert of the ubatch is counted once, hit or miss, as in the cold run of the same prompt (a wave of hits was
+    counted by the sync before it, which planned it with its own wave, and again by its own), and what is read
+    is what the cold run did not keep."""
+    spec = spec_of("qwen3moe", "q8_0", {})
+    path = make_model(**dataclasses.asdict(spec))[0]
+    flags = LonghaulFlag.NO_OVERLAP | LonghaulFlag.PIPELINE  # only the waves read
+    with Model(path, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, 2 * spec.n_expert_used),
+               use_extra_bufts=False, longhaul_flags=flags) as m, m.context(n_ctx=512, n_threads=2) as ctx:
+        prompt = m.tokenize(PROMPT)
+        ctx.decode(prompt)  # cold: every distinct expert is a miss
+        cold = m.longhaul_stats()
+        ctx.reset()
+        ctx.decode(prompt)  # the same routing, warm
+        warm = m.longhaul_stats()
+    n_hit_layers = 0
+    for c, w in zip(cold.layers, warm.layers):
+        if c.il == spec.n_layer - 1:
+            continue  # some archs compute only the output row there
+        assert c.n_hits == 0 and c.n_misses > 2 * spec.n_expert_used  # more experts than slots: waves
+        hits, misses = w.n_hits - c.n_hits, w.n_misses - c.n_misses
+        assert hits + misses == c.n_misses  # the ubatch's distinct experts, each once
+        assert 0 < hits <= c.n_slots and (w.bytes_read - c.bytes_read) == misses * c.expert_bytes
+        n_hit_layers += 1
+    assert n_hit_layers > 0
+
+
 @pytest.mark.parametrize("direct", ["1", "0"])
 def test_waves_are_pipelined_when_reads_bypass_the_page_cache(make_model, caplog, direct) -> None:
     """Without a pipeline flag the waves are pipelined exactly when the shards are read with O_DIRECT

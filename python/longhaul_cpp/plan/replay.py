@@ -86,7 +86,9 @@ def _ubatch_lru(lru: Any, ub: np.ndarray, n_expert: int, policy: CachePolicy) ->
         if not reading:
             misses += lru.plan(wave)
         reading = False
-        if pipelined and w + 1 < len(waves):  # this wave's and the next wave's experts, read while this one runs
+        # this wave's and the next wave's experts, read while this one runs (a next wave of cached experts is
+        # planned by its own sync)
+        if pipelined and w + 1 < len(waves) and any(not lru.cached(e) for e in waves[w + 1]):
             m = lru.plan(wave + waves[w + 1])
             misses += m
             reading = m > 0
