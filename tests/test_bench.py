@@ -347,7 +347,7 @@ def test_bench_trade_scenario(make_model, tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())["trade"]
     labels = ["0.25 of the experts", "cap 2.00 GiB", "cap 1.00 GiB"]
-    configs = ["default", "lru-even", "lfu", "adaptive", "belady"]
+    configs = ["default", "lru-even", "lfu", "adaptive", "no-repack", "belady"]
     assert [(x["row"].split(" (")[0].replace(", auto", ""), x["config"]) for x in rows] == [
         (lb, c) for lb in labels for c in configs]
     for lb in labels:
@@ -367,6 +367,9 @@ def test_bench_trade_scenario(make_model, tmp_path) -> None:
         assert all(0 <= x["gen_wait_ms_per_token"] <= x["gen_ms_per_token"] for x in lib)
         # and the reads' own time, shown beside it
         assert all(x["gen_read_ms_per_token"] >= 0 for x in lib)
+        # of which the conversion into the repacked layout: none with the slots kept plain
+        assert all(0 <= x["gen_convert_ms_per_token"] <= x["gen_read_ms_per_token"] for x in lib)
+        assert lib[4]["config"] == "no-repack" and lib[4]["gen_convert_ms_per_token"] == 0
         # Belady's optimum never reads more than LRU at the same (even) split; the prefetch only adds bytes
         assert bound["gen_bytes_per_token"] <= even["gen_bytes_per_token"]
     md = (out / "results.md").read_text()

@@ -161,6 +161,34 @@ def test_plain_expert_banks_in_both_loads(make_model, caplog, arch, et, extra, s
     assert (default == mixed == 0) or 0 < mixed < default
 
 
+@pytest.mark.parametrize("arch,et,extra", REPACK_TYPES[:2], ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("slots", ["all", "2k", "staged", "2k direct"])
+def test_no_repack_keeps_the_slots_plain(make_model, caplog, arch, et, extra, slots) -> None:
+    """LonghaulFlag.NO_REPACK (--no-longhaul-repack): longhaul's slots keep the plain layout where the CPU repacks
+    the banks, with no test hook; the resident weights stay repacked. Nothing is converted as experts are read,
+    the load log counts no repacked bank, and the output is a normal load's with plain expert banks, to the bit."""
+    import logging
+    import re
+
+    spec = dataclasses.replace(spec_of(arch, et, extra), weight_type="q4_0")
+    path = make_model(**dataclasses.asdict(spec))[0]
+    k = spec.n_expert_used
+    flags = LonghaulFlag.NO_REPACK | (LonghaulFlag.DIRECT_IO if slots.endswith(" direct") else 0)
+    n_slots = {"all": spec.n_expert, "2k": 2 * k, "staged": k - 1}[slots.split()[0]]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="longhaul_cpp.llama"):
+        ids, logits, info = run_greedy(path, 512, load_mode=LoadMode.LONGHAUL, longhaul_cache=budget_for(spec, n_slots),
+                                       longhaul_flags=flags)
+    log = "\n".join(r.getMessage() for r in caplog.records)
+    assert info["flags"] & LonghaulFlag.NO_REPACK
+    st = info["stats"].total
+    assert st.n_misses > 0 and st.bytes_converted == 0 and st.t_convert_s == 0
+    assert re.search(r"0 of [1-9][0-9]* banks in the CPU's repacked layout", log), log[-2000:]
+    ref_ids, ref_logits = reference(path, info["n_ubatch"], bufts="plain_experts")
+    assert ids == ref_ids
+    np.testing.assert_array_equal(logits, ref_logits)
+
+
 def test_counters(make_model) -> None:
     spec = spec_of("qwen35moe", "q4_0", {})
     path = make_model(**dataclasses.asdict(spec))[0]

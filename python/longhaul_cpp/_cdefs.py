@@ -117,6 +117,7 @@ enum llama_longhaul_flag {
     LLAMA_LONGHAUL_FLAG_LFU          = 512,
     LLAMA_LONGHAUL_FLAG_NO_ONLINE_SPLIT = 1024,
     LLAMA_LONGHAUL_FLAG_ADAPTIVE     = 2048,
+    LLAMA_LONGHAUL_FLAG_NO_REPACK    = 4096,
 };
 enum llama_lazy_mode {
     LLAMA_LAZY_MODE_OFF  = 0,

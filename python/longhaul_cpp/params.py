@@ -20,8 +20,10 @@ LonghaulFlag = enum.IntFlag("LonghaulFlag", {name[len("LLAMA_LONGHAUL_FLAG_"):]:
                                              sorted(ffi.typeof("enum llama_longhaul_flag").elements.items())})
 LonghaulFlag.__doc__ = ("Mirrors `enum llama_longhaul_flag`: DIRECT_IO / NO_DIRECT_IO, PIPELINE / NO_PIPELINE and "
                         "PREFETCH / NO_PREFETCH (default: the library decides), LFU (replacement by use counts with "
-                        "aging instead of LRU), ADAPTIVE (each layer LRU or LFU, whichever would have missed less lately), NO_ONLINE_SPLIT (each layer keeps the slots it loaded with instead of "
-                        "the online split moving them), and the measurement switches NO_OVERLAP, NO_COMPACT, STAGED.")
+                        "aging instead of LRU), ADAPTIVE (each layer LRU or LFU, whichever would have missed less "
+                        "lately), NO_ONLINE_SPLIT (each layer keeps the slots it loaded with instead of the online "
+                        "split moving them), NO_REPACK (CPU slots keep the plain layout: no conversion as experts are "
+                        "read), and the measurement switches NO_OVERLAP, NO_COMPACT, STAGED.")
 
 
 def set_fields(struct: Any, kind: str, values: dict[str, Any]) -> None:

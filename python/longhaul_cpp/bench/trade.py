@@ -8,6 +8,7 @@ library runs it (its prefetch and read path as it chooses; nothing forced off):
   lru-even  --no-longhaul-online-split (LRU split evenly: the default before issue 58)
   lfu       --longhaul-policy lfu
   adaptive  --longhaul-policy adaptive
+  no-repack --no-longhaul-repack (LRU, online split, slots in the plain layout: no conversion as experts are read)
   belady    Belady's optimum at the default's budget split evenly, replayed from the routing (bytes only)
 Uncapped rows read as the sweep does (--sweep-direct-io: by default from the storage, with O_DIRECT). Every run is
 its own process (under the row's memory cgroup when capped), driven by the routing's token stream
@@ -51,6 +52,7 @@ CONFIGS: tuple[tuple[str, str, int], ...] = (
     ("lru-even", "--no-longhaul-online-split", int(LonghaulFlag.NO_ONLINE_SPLIT)),
     ("lfu", "--longhaul-policy lfu", int(LonghaulFlag.LFU)),
     ("adaptive", "--longhaul-policy adaptive", int(LonghaulFlag.ADAPTIVE)),
+    ("no-repack", "--no-longhaul-repack", int(LonghaulFlag.NO_REPACK)),
 )
 
 
@@ -65,6 +67,7 @@ class TradeRun:
     gen_misses: int
     gen_wait_s: float      # of gen_s, the graph waited at the synchronizations (reads not hidden, planning)
     gen_read_s: float      # the generated tokens' expert reads took (some of it hidden behind compute)
+    gen_convert_s: float   # of gen_read_s, the reading threads converted slices into the CPU's repacked layout
     gen_prefetched: int
     gen_prefetch_used: int
     slots_min: int
@@ -103,7 +106,8 @@ def run_config(path: str, prompt: Sequence[int], feed: Sequence[int], budget: in
         return TradeRun(budget=b, flags=int(model.longhaul_flags), prompt_s=t1 - t0, gen_s=t2 - t1,
                         prompt_bytes=p.bytes_read - a.bytes_read, gen_bytes=g.bytes_read - p.bytes_read,
                         gen_misses=g.n_misses - p.n_misses, gen_wait_s=g.t_wait_s - p.t_wait_s,
-                        gen_read_s=g.t_read_s - p.t_read_s, gen_prefetched=g.bytes_prefetched - p.bytes_prefetched,
+                        gen_read_s=g.t_read_s - p.t_read_s, gen_convert_s=g.t_convert_s - p.t_convert_s,
+                        gen_prefetched=g.bytes_prefetched - p.bytes_prefetched,
                         gen_prefetch_used=g.bytes_prefetch_used - p.bytes_prefetch_used,
                         slots_min=min(slots, default=0), slots_max=max(slots, default=0))
 
@@ -206,6 +210,9 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
                                # and the time its expert reads took, hidden behind compute or waited for
                                gen_read_ms_per_token=statistics.median([1e3 * r.gen_read_s / max(1, len(feed))
                                                                         for r in rs]),
+                               # of which converting into the repacked layout (CPU time the cores give up)
+                               gen_convert_ms_per_token=statistics.median([1e3 * r.gen_convert_s / max(1, len(feed))
+                                                                           for r in rs]),
                                gen_prefetch_recall=_recall(rs[0], info),
                                slots_min=rs[0].slots_min, slots_max=rs[0].slots_max)
                 out.append(row)
@@ -230,9 +237,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
            "x lru-even: median generation t/s over the LRU-even split's (the default before the online split). "
            "Belady: the optimum's bytes at the default's budget split evenly, replayed. wait: of a generated token's "
            "time (median), what the graph waited at the synchronizations for reads; the rest is compute. read: the time "
-           "the token's expert reads took on the I/O threads; read above wait is the reading hidden behind compute.", "",
+           "the token's expert reads took on the I/O threads; read above wait is the reading hidden behind compute; "
+           "convert: of read, converting slices into the CPU's repacked layout (CPU time the compute threads lose).", "",
            "| routing | row | config | switch | budget GiB | slots/layer | gen t/s | x lru-even | ms/gen token "
-           "(wait, read) | MiB/gen token | vs Belady | prefetch recall |",
+           "(wait, read, convert) | MiB/gen token | vs Belady | prefetch recall |",
            "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
     key = lambda r: (r["routing"], r["row"])  # noqa: E731
     base = {key(r): r.get("gen_tps") for r in rows if r["config"] == "lru-even"}
@@ -248,8 +256,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                   f"{r['slots_min']}-{r['slots_max']}" if "slots_min" in r else "-",
                   ", ".join(f"{x:.2f}" for x in r.get("gen_tps_runs", [])) or "-",
                   f"{t / bt:.2f}x" if t and bt else "-",
-                  (f"{r['gen_ms_per_token']:.1f} ({r['gen_wait_ms_per_token']:.1f}, {r['gen_read_ms_per_token']:.1f})"
-                   if "gen_read_ms_per_token" in r else "-"),
+                  (f"{r['gen_ms_per_token']:.1f} ({r['gen_wait_ms_per_token']:.1f}, {r['gen_read_ms_per_token']:.1f}, "
+                   f"{r.get('gen_convert_ms_per_token', 0.0):.1f})" if "gen_read_ms_per_token" in r else "-"),
                   f"{mib / MIB:.2f}" if mib is not None else "-",
                   f"{mib / b:.2f}x" if mib is not None and b else "-",
                   f"{recall:.0%}" if recall is not None else "-"]
