@@ -36,6 +36,7 @@ class BenchConfig:
     cap_fraction: float = 0.5
     cap_gib: float | None = None     # an absolute cap instead of cap_fraction
     trade_caps: tuple[str, ...] = ("1/2", "1/4")  # the trade scenario's caps: fractions of the model file or sizes
+    trade_configs: tuple[str, ...] | None = None   # the trade scenario's configurations (None: all of them)
     n_prompt: int = 512
     n_gen: int = 128
     n_gen_capped: int = 16           # generation tokens of the (slow) mmap load under the cap

@@ -3,12 +3,15 @@ generated token, next to Belady's bound.
 
 Rows: each sweep budget strictly between nothing and every expert (--budgets, uncapped) and each memory cap
 (--trade-caps, fractions of the model file: 1/2 and 1/4 by default; the budget `auto` chooses inside the cap). Configurations, each as the
-library runs it (its prefetch and read path as it chooses; nothing forced off):
+library runs it (its prefetch and read path as it chooses; nothing forced off; --trade-configs runs a subset, always
+with lru-even, the baseline of the ratios):
   default   no switch (LRU, the per-layer split chosen online)
   lru-even  --no-longhaul-online-split (LRU split evenly: the default before issue 58)
   lfu       --longhaul-policy lfu
   adaptive  --longhaul-policy adaptive
   no-repack --no-longhaul-repack (LRU, online split, slots in the plain layout: no conversion as experts are read)
+  lfu-no-repack, adaptive-no-repack
+            a policy switch and --no-longhaul-repack together (fewer bytes and no conversion)
   belady    Belady's optimum at the default's budget split evenly, replayed from the routing (bytes only)
 Uncapped rows read as the sweep does (--sweep-direct-io: by default from the storage, with O_DIRECT). Every run is
 its own process (under the row's memory cgroup when capped), driven by the routing's token stream
@@ -53,7 +56,24 @@ CONFIGS: tuple[tuple[str, str, int], ...] = (
     ("lfu", "--longhaul-policy lfu", int(LonghaulFlag.LFU)),
     ("adaptive", "--longhaul-policy adaptive", int(LonghaulFlag.ADAPTIVE)),
     ("no-repack", "--no-longhaul-repack", int(LonghaulFlag.NO_REPACK)),
+    ("lfu-no-repack", "--longhaul-policy lfu --no-longhaul-repack", int(LonghaulFlag.LFU | LonghaulFlag.NO_REPACK)),
+    ("adaptive-no-repack", "--longhaul-policy adaptive --no-longhaul-repack",
+     int(LonghaulFlag.ADAPTIVE | LonghaulFlag.NO_REPACK)),
 )
+CONFIG_NAMES = tuple(name for name, _, _ in CONFIGS)
+
+
+def trade_configs(names: Sequence[str] | None) -> tuple[tuple[str, str, int], ...]:
+    """The configurations --trade-configs names (all when None), in CONFIGS' order, lru-even always among them: it
+    is what the ratios are taken against."""
+    if names is None:
+        return CONFIGS
+    bad = [n for n in names if n not in CONFIG_NAMES]
+    if bad:
+        raise ValueError(f"--trade-configs: unknown configuration(s) {', '.join(bad)}: choose from "
+                         f"{', '.join(CONFIG_NAMES)}")
+    want = set(names) | {"lru-even"}
+    return tuple(c for c in CONFIGS if c[0] in want)
 
 
 @dataclasses.dataclass
@@ -151,9 +171,10 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
         traces: dict[int, RecordedRun] = {}  # by ubatch: the routing Belady's replay runs
         stream = router_of(routing).stream(cfg.n_prompt + cfg.n_gen, seed=1)
         prompt, feed = [int(t) for t in stream[:cfg.n_prompt]], [int(t) for t in stream[cfg.n_prompt:]]
+        configs = trade_configs(cfg.trade_configs)
         for label, budget, limit in trade_rows(cfg, info):
             log(f"trade, {routing} routing, {label}")
-            runs: dict[str, list[TradeRun]] = {name: [] for name, _, _ in CONFIGS}
+            runs: dict[str, list[TradeRun]] = {name: [] for name, _, _ in configs}
             errors: dict[str, str] = {}
             with contextlib.ExitStack() as stack:
                 tmp = stack.enter_context(tempfile.TemporaryDirectory())
@@ -161,9 +182,9 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
                     cap = stack.enter_context(MemoryCap(limit)) if limit is not None else None
                 except (BenchError, OSError) as e:
                     log(f"  no memory cgroup ({e}): the row is left out")
-                    errors = {name: f"no memory cgroup: {e}" for name, _, _ in CONFIGS}
+                    errors = {name: f"no memory cgroup: {e}" for name, _, _ in configs}
                 for rep in range(max(1, cfg.reps)):
-                    for name, _, flags in (CONFIGS if rep % 2 == 0 else CONFIGS[::-1]):
+                    for name, _, flags in (configs if rep % 2 == 0 else configs[::-1]):
                         if name in errors:
                             continue
                         if cfg.cold:
@@ -181,18 +202,18 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
                             continue
                         r = TradeRun(**json.loads(res.stdout.strip().splitlines()[-1]))
                         runs[name].append(r)
-                        log(f"  {name:9} {len(feed) / r.gen_s:6.2f} gen t/s, "
+                        log(f"  {name:18} {len(feed) / r.gen_s:6.2f} gen t/s, "
                             f"{r.gen_bytes / max(1, len(feed)) / MIB:8.2f} MiB per generated token, "
                             f"budget {r.budget / GIB:.2f} GiB, slots {r.slots_min}-{r.slots_max}")
             done = [r for rs in runs.values() for r in rs]
             belady = None
             if done:
-                bb = runs["default"][0].budget if runs["default"] else done[0].budget
+                bb = runs["default"][0].budget if runs.get("default") else done[0].budget
                 ub = info.effective_ubatch(bb, 512)
                 if ub not in traces:
                     traces[ub] = routing_run(model, prompt, feed, n_ubatch=ub, n_threads=cfg.threads)
                 belady = belady_gen_bytes(traces[ub], info, bb) / max(1, len(feed))
-            for name, switch, _ in CONFIGS:
+            for name, switch, _ in configs:
                 rs = runs[name]
                 row: dict[str, Any] = {"routing": routing, "row": label, "cap_gib": limit / GIB if limit else None,
                                        "config": name, "switch": switch, "error": errors.get(name)}

@@ -34,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trade-caps", default="1/2,1/4",
                    help="the trade scenario's memory caps, comma-separated: fractions of the model file or sizes "
                         "such as 6GiB; none for no capped rows (default: 1/2,1/4)")
+    p.add_argument("--trade-configs", metavar="NAMES",
+                   help="the trade scenario's configurations, comma-separated, from default, lru-even, lfu, adaptive, "
+                        "no-repack, lfu-no-repack, adaptive-no-repack (default: all; lru-even always runs: the "
+                        "ratios are taken against it)")
     p.add_argument("-p", "--n-prompt", type=int, default=512)
     p.add_argument("-n", "--n-gen", type=int, default=128)
     p.add_argument("--n-gen-capped", type=int, default=16,
@@ -48,6 +52,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "O_DIRECT, as for a model that does not fit in memory; auto as the library chooses")
     p.add_argument("--report", metavar="DIR", help="only rewrite the reports of DIR/results.json (no measurement)")
     p.set_defaults(func=run)
+
+
+def trade_configs_arg(text: str | None) -> tuple[str, ...] | None:
+    """--trade-configs as names, checked before anything runs (None: every configuration)."""
+    if text is None:
+        return None
+    from ..bench.trade import trade_configs
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    return tuple(name for name, _, _ in trade_configs(names))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                       capped_timeout=args.capped_timeout, sweep_direct_io=args.sweep_direct_io,
                       trade_caps=tuple(c.strip() for c in args.trade_caps.split(",")
                                        if c.strip() and c.strip() != "none"),
+                      trade_configs=trade_configs_arg(args.trade_configs),
                       out=Path(args.output or f"longhaul-bench-{Path(args.model).stem}"))
     lines: list[Progress] = []  # the progress lines, the last one on the screen: the log prints above it
 
