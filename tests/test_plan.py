@@ -332,3 +332,27 @@ def test_plot_without_matplotlib_fails_after_the_table(make_model, tmp_path, mon
     assert main(["plan", str(path), "-p", "8", "-n", "2", "--bandwidth", "100", "--plot", str(tmp_path / "x.png")]) == 1
     out = capsys.readouterr()
     assert "hit LRU" in out.out and "--plot needs matplotlib" in out.err and not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("flags", [LonghaulFlag(0), LonghaulFlag.NO_REPACK], ids=["repacked", "plain"])
+def test_record_counts_the_conversion_and_plan_names_the_switch(make_model, flags) -> None:
+    """The recorded phases carry the library's conversion time (the reading threads'); where the generated
+    tokens spent a share of their time converting, `plan` names --no-longhaul-repack, and with the slots plain
+    there is nothing to convert and no hint."""
+    from longhaul_cpp.plan.recommend import repack_hint
+
+    path = _model(make_model, dataclasses.replace(SPEC, expert_type="q4_0"))
+    info = inspect_model(path)
+    rec = record_run(path, _prompt(48), 12, budget=info.budget_for(4), n_threads=2, n_ubatch=16, flags=int(flags))
+    assert rec.gen.n_misses > 0 and rec.gen.convert_s >= 0
+    if flags & LonghaulFlag.NO_REPACK:
+        assert rec.gen.convert_s == 0 and rec.prompt.convert_s == 0
+        assert repack_hint(rec, min_share=0.0) is None
+        return
+    if rec.gen.convert_s == 0:
+        pytest.skip("this CPU has no repacked kernels for Q4_0 banks: nothing is converted")
+    hint = repack_hint(rec, min_share=0.0)
+    assert hint is not None and "--no-longhaul-repack" in hint
+    assert f"spent {1e3 * rec.gen.convert_s / rec.gen.n_tokens:.1f} ms per generated token" in hint
+    # the threshold: a share of the token's time below it gives no hint
+    assert repack_hint(rec, min_share=rec.gen.convert_s / rec.gen.seconds * 1.01) is None

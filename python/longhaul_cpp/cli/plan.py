@@ -13,7 +13,7 @@ from ..params import LonghaulFlag
 from ..longhaul import is_auto_budget, parse_cache_size
 from ..modelinfo import inspect_model
 from ..plan import Plan, knee, make_plan, measure_bandwidth, predict, random_prompt
-from ..plan.recommend import Recommendation, as_json, gain, recommend, table as rec_table
+from ..plan.recommend import Recommendation, as_json, gain, recommend, repack_hint, table as rec_table
 from ..plan.trace import load_routing, save_routing
 from ..progress import Progress
 from ..longhaul import GIB, MIB
@@ -172,6 +172,8 @@ def _report(args: argparse.Namespace, p: Plan) -> Recommendation:
     else:
         print(f"recommended: {best.flags()} ({best.policy.upper()}, {best.split} split): reads {gain(rec):.0%} less "
               "than the defaults" + (" (write FILE with --write-split)" if best.split == "planned" else ""))
+    if (hint := repack_hint(r)) is not None:
+        print(hint)
     if args.write_split:
         sp = next(c.plan for c in rec.configs if c.policy == best.policy and c.split == "planned")
         assert sp is not None

@@ -124,6 +124,23 @@ def gain(rec: Recommendation) -> float:
     return 1 - a / b if a is not None and b else 0.0
 
 
+def repack_hint(run: RecordedRun, min_share: float = 0.10) -> str | None:
+    """A line for `plan` when the recorded run's generated tokens spent at least `min_share` of their time (as
+    the reading threads took) converting expert reads into the CPU's repacked layout: the switch that skips it.
+    None when they converted less (or nothing: plain slots, a GPU, every expert cached). The time is each
+    conversion's wall time summed over the reading threads: on busy cores it includes their wait for a core, and
+    it can exceed the token's own time."""
+    g = run.gen
+    if g.n_tokens <= 0 or g.seconds <= 0 or g.convert_s <= 0 or g.convert_s < min_share * g.seconds:
+        return None
+    return (f"converting: the reading threads spent {1e3 * g.convert_s / g.n_tokens:.1f} ms per generated token "
+            f"converting expert reads into the CPU's repacked layout ({g.convert_s / g.seconds:.0%} of a token's "
+            "time; summed over the threads, on the cores the graph computes on); --no-longhaul-repack keeps the "
+            "expert slots plain and skips it (on 2 cores at real scale 1.08x and 1.20x the default's t/s with the "
+            "same bytes, docs/benchmark-results.md; the experts then run the plain kernels, so the last bits differ "
+            "from a normal load's)")
+
+
 def as_json(rec: Recommendation) -> dict:
     return {"budget": rec.budget, "recommended": {"policy": rec.best.policy, "split": rec.best.split},
             "configs": [{"policy": c.policy, "split": c.split, "slots": c.slots, "misses_gen": c.misses_gen,
@@ -132,4 +149,4 @@ def as_json(rec: Recommendation) -> dict:
                         for c in rec.configs]}
 
 
-__all__ = ["Config", "Recommendation", "as_json", "gain", "recommend", "table"]
+__all__ = ["Config", "Recommendation", "as_json", "gain", "recommend", "repack_hint", "table"]

@@ -25,11 +25,13 @@ class PhaseRun:
     read_s: float          # expert reads took (some of it hidden behind compute)
     bytes_read: int
     n_misses: int
+    convert_s: float = 0.0  # of read_s, converting what was read into the CPU's repacked layout
 
     @classmethod
     def between(cls, n_tokens: int, seconds: float, a: LayerStats, b: LayerStats) -> PhaseRun:
         return cls(n_tokens=n_tokens, seconds=seconds, wait_s=b.t_wait_s - a.t_wait_s, read_s=b.t_read_s - a.t_read_s,
-                   bytes_read=b.bytes_read - a.bytes_read, n_misses=b.n_misses - a.n_misses)
+                   bytes_read=b.bytes_read - a.bytes_read, n_misses=b.n_misses - a.n_misses,
+                   convert_s=b.t_convert_s - a.t_convert_s)
 
 
 @dataclasses.dataclass
