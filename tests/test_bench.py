@@ -367,8 +367,9 @@ def test_bench_trade_scenario(make_model, tmp_path) -> None:
         assert all(0 <= x["gen_wait_ms_per_token"] <= x["gen_ms_per_token"] for x in lib)
         # and the reads' own time, shown beside it
         assert all(x["gen_read_ms_per_token"] >= 0 for x in lib)
-        # of which the conversion into the repacked layout: none with the slots kept plain
-        assert all(0 <= x["gen_convert_ms_per_token"] <= x["gen_read_ms_per_token"] for x in lib)
+        # and the conversion into the repacked layout (summed over the reading threads, so not bounded by the read
+        # time where this CPU repacks the banks): none with the slots kept plain
+        assert all(x["gen_convert_ms_per_token"] >= 0 for x in lib)
         plain = [x for x in lib if x["config"].endswith("no-repack")]
         assert len(plain) == 3 and all(x["gen_convert_ms_per_token"] == 0 for x in plain)
         # Belady's optimum never reads more than LRU at the same (even) split; the prefetch only adds bytes

@@ -231,7 +231,8 @@ def run_trade(cfg: BenchConfig, models: dict[str, Path], info: ModelInfo, direct
                                # and the time its expert reads took, hidden behind compute or waited for
                                gen_read_ms_per_token=statistics.median([1e3 * r.gen_read_s / max(1, len(feed))
                                                                         for r in rs]),
-                               # of which converting into the repacked layout (CPU time the cores give up)
+                               # and converting into the repacked layout (summed over the reading threads, with
+                               # their waits for a core: it can exceed the read time)
                                gen_convert_ms_per_token=statistics.median([1e3 * r.gen_convert_s / max(1, len(feed))
                                                                            for r in rs]),
                                gen_prefetch_recall=_recall(rs[0], info),
@@ -259,7 +260,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
            "Belady: the optimum's bytes at the default's budget split evenly, replayed. wait: of a generated token's "
            "time (median), what the graph waited at the synchronizations for reads; the rest is compute. read: the time "
            "the token's expert reads took on the I/O threads; read above wait is the reading hidden behind compute; "
-           "convert: of read, converting slices into the CPU's repacked layout (CPU time the compute threads lose).", "",
+           "convert: converting slices into the CPU's repacked layout, summed over the reading threads (with their waits "
+           "for a core, so it can exceed read), on the cores the graph computes on.", "",
            "| routing | row | config | switch | budget GiB | slots/layer | gen t/s | x lru-even | ms/gen token "
            "(wait, read, convert) | MiB/gen token | vs Belady | prefetch recall |",
            "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|"]

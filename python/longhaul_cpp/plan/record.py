@@ -25,7 +25,8 @@ class PhaseRun:
     read_s: float          # expert reads took (some of it hidden behind compute)
     bytes_read: int
     n_misses: int
-    convert_s: float = 0.0  # of read_s, converting what was read into the CPU's repacked layout
+    convert_s: float = 0.0  # converting what was read into the CPU's repacked layout: each conversion's wall time
+    # summed over the reading threads (with their waits for a core), so it can exceed read_s
 
     @classmethod
     def between(cls, n_tokens: int, seconds: float, a: LayerStats, b: LayerStats) -> PhaseRun:
